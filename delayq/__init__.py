@@ -1,0 +1,40 @@
+"""delayq: reliable delayed tasks on Redis and Valkey — on time, once, surviving crashes."""
+
+from .core import TaskSpec
+from .errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    DelayqError,
+    Discard,
+    Fail,
+    InvalidTaskError,
+    LeaseLost,
+    PayloadTooLarge,
+    Retry,
+    ScriptError,
+)
+from .queue import AsyncQueue, Queue
+from .task import QueueStats, Task, TaskInfo
+from .worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncQueue",
+    "ConfigurationError",
+    "ConnectionFailed",
+    "DelayqError",
+    "Discard",
+    "Fail",
+    "InvalidTaskError",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "Queue",
+    "QueueStats",
+    "Retry",
+    "ScriptError",
+    "Task",
+    "TaskInfo",
+    "TaskSpec",
+    "Worker",
+]

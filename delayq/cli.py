@@ -1,0 +1,90 @@
+"""The ``delayq`` command."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from typing import Any
+
+import click
+
+from .connection import URL_ENV
+
+
+def load_app(spec: str) -> Any:
+    """Import ``module:attribute`` (the current directory is importable, as with uvicorn)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{spec!r} is not MODULE:ATTRIBUTE, e.g. myapp.tasks:worker")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise click.BadParameter(f"cannot import {module_name!r}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+
+@click.group()
+@click.version_option(package_name="delayq")
+def main() -> None:
+    """delayq: reliable delayed tasks on Redis and Valkey."""
+
+
+@main.command()
+@click.argument("app")
+@click.option("--embedded", is_flag=True, help="Start a private server and point the app at it.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def worker(app: str, embedded: bool, log_level: str) -> None:
+    """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
+    from .worker import Worker
+
+    _logging(log_level)
+    with ExitStack() as stack:
+        if embedded:
+            from .embedded import EmbeddedServer
+
+            server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
+            os.environ[URL_ENV[0]] = server.url
+            click.echo(f"embedded server on {server.url} (data in .delayq/data)", err=True)
+        obj = load_app(app)
+        if callable(obj) and not isinstance(obj, Worker):
+            obj = obj()
+        if not isinstance(obj, Worker):
+            raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
+        obj.run()
+
+
+@main.command()
+@click.option("--url", default=None, help=f"Use this server instead of an embedded one "
+              f"(default: ${URL_ENV[0]} if set, else embedded).")
+@click.option("--tasks", default=3000, show_default=True, help="How many tasks to schedule.")
+@click.option("--spread", default=5.0, show_default=True, help="Seconds over which they fall due.")
+@click.option("--concurrency", default=64, show_default=True)
+def demo(url: str | None, tasks: int, spread: float, concurrency: int) -> None:
+    """Schedule tasks due over the next seconds, run them, and report lateness and duplicates."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(url=url or os.environ.get(URL_ENV[0]), tasks=tasks, spread=spread,
+                      concurrency=concurrency))
+
+
+if __name__ == "__main__":
+    main()

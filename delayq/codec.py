@@ -1,0 +1,170 @@
+"""Payload codecs and the task record format. Pure: no I/O.
+
+A record is one string in the queue's ``tasks`` hash::
+
+    {"k":"order.close","a":0,"m":5,"t":0,"c":1732900000000}\n<encoded payload>
+
+The JSON header holds what the Lua scripts read and change (short keys keep a waiting
+task small); the payload after the first newline is opaque to the scripts, so a float or a
+big integer inside it is never re-encoded by Lua's cjson. Header keys:
+
+    k  kind                  a  attempts started        m  max attempts (0: handler's)
+    t  lease token (fencing) c  created (ms)            d  due time of the current run (ms)
+    f  payload format (absent for JSON)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import InvalidTaskError, PayloadTooLarge
+
+DEFAULT_MAX_PAYLOAD = 64 * 1024
+
+
+class Codec(Protocol):
+    """Turns payloads into bytes and back. Nothing decoded is ever executed."""
+
+    name: str
+
+    def encode(self, payload: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    name = "json"
+
+    def encode(self, payload: Any) -> bytes:
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidTaskError(
+                f"payload is not JSON-serialisable ({e}); pass dicts, lists, strings, "
+                "finite numbers, booleans and None, or convert the value first"
+            ) from None
+        return text.encode("utf-8")
+
+    def decode(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+class MsgpackCodec:
+    name = "msgpack"
+
+    def __init__(self) -> None:
+        try:
+            import msgpack
+        except ImportError:
+            raise InvalidTaskError(
+                "the msgpack codec needs the msgpack package: pip install 'delayq[msgpack]'"
+            ) from None
+        self._msgpack = msgpack
+
+    def encode(self, payload: Any) -> bytes:
+        try:
+            return bytes(self._msgpack.packb(payload, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidTaskError(f"payload is not msgpack-serialisable ({e})") from None
+
+    def decode(self, data: bytes) -> Any:
+        return self._msgpack.unpackb(data, raw=False)
+
+
+def get_codec(name: str) -> Codec:
+    if name == "json":
+        return JsonCodec()
+    if name == "msgpack":
+        return MsgpackCodec()
+    raise InvalidTaskError(f"unknown payload codec {name!r}: use 'json' or 'msgpack'")
+
+
+def encode_payload(codec: Codec, payload: Any, max_payload: int) -> bytes:
+    data = codec.encode(payload)
+    if len(data) > max_payload:
+        raise PayloadTooLarge(
+            f"payload is {len(data)} bytes encoded, over the queue's limit of {max_payload}; "
+            "store large data elsewhere and pass a reference, or raise max_payload"
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded JSON header of a record."""
+
+    kind: str
+    attempts: int
+    max_attempts: int
+    token: int
+    created_ms: int
+    due_ms: int | None
+    fmt: str
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Header:
+        return cls(
+            kind=str(raw["k"]),
+            attempts=_as_int(raw.get("a", 0)),
+            max_attempts=_as_int(raw.get("m", 0)),
+            token=_as_int(raw.get("t", 0)),
+            created_ms=_lenient_int(raw.get("c", 0)),
+            due_ms=_as_int(raw["d"]) if "d" in raw else None,
+            fmt=str(raw.get("f", "json")),
+        )
+
+
+def _as_int(value: Any) -> int:
+    # cjson writes integers as floats only when they exceed 14 digits; accept both.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a number: {value!r}")
+    return int(value)
+
+
+def _lenient_int(value: Any) -> int:
+    # Informational fields never make a task unrunnable.
+    try:
+        return _as_int(value)
+    except ValueError:
+        return 0
+
+
+class RecordError(ValueError):
+    """A stored record cannot be decoded; the task goes to the dead set with this reason."""
+
+
+def encode_record(
+    kind: str, payload: bytes, *, max_attempts: int, created_ms: int, fmt: str
+) -> bytes:
+    header: dict[str, Any] = {"k": kind, "a": 0, "m": max_attempts, "t": 0, "c": created_ms}
+    if fmt != "json":
+        header["f"] = fmt
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def split_record(record: bytes) -> tuple[Header, bytes]:
+    """Split a record into its header and the still-encoded payload."""
+    head, sep, payload = record.partition(b"\n")
+    if not sep:
+        raise RecordError("record has no header line")
+    try:
+        raw = json.loads(head)
+        if not isinstance(raw, dict):
+            raise ValueError("header is not an object")
+        return Header.from_json(raw), payload
+    except (ValueError, KeyError, TypeError) as e:
+        raise RecordError(f"record header cannot be decoded: {e}") from None
+
+
+def decode_payload(header: Header, payload: bytes, codecs: dict[str, Codec]) -> Any:
+    codec = codecs.get(header.fmt)
+    if codec is None:
+        codec = get_codec(header.fmt)
+        codecs[header.fmt] = codec
+    try:
+        return codec.decode(payload)
+    except Exception as e:  # any codec error means the same thing: undecodable
+        raise RecordError(f"payload cannot be decoded as {header.fmt}: {e}") from None

@@ -1,0 +1,341 @@
+"""The pure core of a queue: validation, and one builder per operation. No I/O.
+
+Every public operation is one script call. A builder validates its input and returns an
+:class:`Op` — script, keys, arguments and a reply parser — that the sync and asyncio
+runners execute, so the logic exists once for both clients.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypedDict, TypeVar
+
+from .codec import (
+    DEFAULT_MAX_PAYLOAD,
+    Codec,
+    RecordError,
+    decode_payload,
+    encode_payload,
+    encode_record,
+    get_codec,
+    split_record,
+)
+from .errors import InvalidTaskError
+from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
+from .scripts import SCRIPTS, Arg, Script
+from .task import QueueStats, State, TaskInfo
+from .timing import Duration, due_spec, ms_to_datetime, seconds
+
+T = TypeVar("T")
+
+DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+MAX_ID_LEN = 256
+MAX_KIND_LEN = 200
+REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One script call: what to run and how to read its reply."""
+
+    script: Script
+    keys: list[str]
+    args: list[Arg]
+    parse: Callable[[Any], T]
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """Keyword options of ``schedule`` (keyword-only, so they never clash with payloads)."""
+
+    delay: Duration | None
+    at: datetime | float | int | None
+    task_id: str | None
+    replace: bool
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task for ``schedule_many``."""
+
+    kind: str
+    payload: Any = None
+    delay: Duration | None = None
+    at: datetime | float | int | None = None
+    task_id: str | None = None
+    max_attempts: int = 0
+
+
+def new_task_id() -> str:
+    """96 random bits in 16 URL-safe characters: short, since every byte is kept per task."""
+    return secrets.token_urlsafe(12)
+
+
+def validate_task_id(task_id: Any) -> str:
+    if not isinstance(task_id, str) or not task_id:
+        raise InvalidTaskError(f"task_id must be a non-empty string, got {task_id!r}")
+    if len(task_id) > MAX_ID_LEN:
+        raise InvalidTaskError(
+            f"task_id is {len(task_id)} characters, over the limit of {MAX_ID_LEN}; "
+            "use a shorter business key such as 'order:42'"
+        )
+    if any(ord(c) < 32 for c in task_id):
+        raise InvalidTaskError(f"task_id {task_id!r} contains control characters")
+    return task_id
+
+
+def validate_kind(kind: Any) -> str:
+    if not isinstance(kind, str) or not kind or len(kind) > MAX_KIND_LEN:
+        raise InvalidTaskError(
+            f"kind must be a non-empty string of at most {MAX_KIND_LEN} characters, got {kind!r}"
+        )
+    if any(ord(c) < 32 for c in kind):
+        raise InvalidTaskError(f"kind {kind!r} contains control characters")
+    return kind
+
+
+def _validate_max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidTaskError(f"max_attempts must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _ms_or_none(value: Any) -> datetime | None:
+    v = float(value)
+    return None if v < 0 else ms_to_datetime(v)
+
+
+class QueueCore:
+    """Validates input and builds the script calls of one queue shard."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        codec: str = "json",
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+    ) -> None:
+        self.name = validate_queue_name(name)
+        self.keys = QueueKeys(name, prefix)
+        self.codec: Codec = get_codec(codec)
+        self.codecs: dict[str, Codec] = {self.codec.name: self.codec}
+        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
+            raise InvalidTaskError(
+                f"max_payload must be a positive byte count, got {max_payload!r}"
+            )
+        self.max_payload = max_payload
+        self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
+
+    def op(
+        self, name: str, args: dict[str, Arg], rest: list[Arg], parse: Callable[[Any], T]
+    ) -> Op[T]:
+        script = SCRIPTS[name]
+        keys, argv = script.keys_and_args(self.keys, args, rest)
+        return Op(script, keys, argv, parse)
+
+    # -- producing ---------------------------------------------------------------------
+
+    def encode_task(self, spec: TaskSpec) -> tuple[str, str, bytes]:
+        """Validate one task and return (id, due spec, record); raises before any write."""
+        kind = validate_kind(spec.kind)
+        task_id = validate_task_id(spec.task_id) if spec.task_id is not None else new_task_id()
+        due = due_spec(spec.delay, spec.at)
+        data = encode_payload(self.codec, spec.payload, self.max_payload)
+        record = encode_record(
+            kind,
+            data,
+            max_attempts=_validate_max_attempts(spec.max_attempts),
+            created_ms=int(time.time() * 1000),
+            fmt=self.codec.name,
+        )
+        return task_id, due, record
+
+    def schedule(
+        self, specs: Sequence[TaskSpec], *, replace: bool = False, now_ms: int | None = None
+    ) -> Op[list[str]]:
+        encoded = [self.encode_task(s) for s in specs]  # all validated before anything is sent
+        ids = [e[0] for e in encoded]
+        if len(set(ids)) != len(ids):
+            raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
+        rest: list[Arg] = [x for e in encoded for x in e]
+        return self.op(
+            "schedule",
+            {
+                "now": _now_arg(now_ms),
+                "dedupe_ms": self.dedupe_ms,
+                "replace": "1" if replace else "0",
+                "channel": self.keys.wake_channel,
+            },
+            rest,
+            lambda _reply: ids,
+        )
+
+    def cancel(self, task_id: str) -> Op[bool]:
+        return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)
+
+    def reschedule(
+        self,
+        task_id: str,
+        *,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        now_ms: int | None = None,
+    ) -> Op[bool]:
+        if delay is None and at is None:
+            raise InvalidTaskError("reschedule needs delay= or at=")
+        return self.op(
+            "reschedule",
+            {
+                "now": _now_arg(now_ms),
+                "channel": self.keys.wake_channel,
+                "id": validate_task_id(task_id),
+                "due": due_spec(delay, at),
+            },
+            [],
+            lambda r: int(r) == 1,
+        )
+
+    # -- inspecting ----------------------------------------------------------------------
+
+    def get(self, task_id: str) -> Op[TaskInfo | None]:
+        tid = validate_task_id(task_id)
+
+        def parse(reply: Any) -> TaskInfo | None:
+            if not reply:
+                return None
+            state, score, record, err = reply
+            return self.task_info(tid, _s(state), float(score), _b(record), err)
+
+        return self.op("get", {"id": tid}, [], parse)
+
+    def task_info(
+        self, task_id: str, state: str, score: float, record: bytes, err: Any
+    ) -> TaskInfo:
+        """Build a TaskInfo from what the scripts return; an undecodable record still shows."""
+        last_error = _s(err) if err else None
+        try:
+            header, data = split_record(record)
+        except RecordError as e:
+            return TaskInfo(
+                task_id,
+                "?",
+                None,
+                _state(state),
+                None,
+                0,
+                0,
+                last_error or str(e),
+                None,
+                queue=self.name,
+            )
+        try:
+            payload = decode_payload(header, data, self.codecs)
+        except RecordError as e:
+            payload, last_error = None, last_error or str(e)
+        when = ms_to_datetime(score)
+        return TaskInfo(
+            id=task_id,
+            kind=header.kind,
+            payload=payload,
+            state=_state(state),
+            due_at=when
+            if state == "scheduled"
+            else (ms_to_datetime(header.due_ms) if header.due_ms is not None else None),
+            attempts=header.attempts,
+            max_attempts=header.max_attempts,
+            last_error=last_error,
+            created_at=ms_to_datetime(header.created_ms) if header.created_ms else None,
+            lease_deadline=when if state == "active" else None,
+            finished_at=when if state in ("done", "dead") else None,
+            queue=self.name,
+        )
+
+    def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
+        def parse(r: Any) -> QueueStats:
+            now, head = float(r[0]), float(r[6])
+            counters = {_s(r[i]): int(r[i + 1]) for i in range(8, len(r) - 1, 2)}
+            counters.pop("claim_seq", None)
+            return QueueStats(
+                queue=self.name,
+                scheduled=int(r[1]),
+                due=int(r[2]),
+                active=int(r[3]),
+                dead=int(r[4]),
+                done=int(r[5]),
+                oldest_due_age=max(0.0, (now - head) / 1000) if head >= 0 else 0.0,
+                next_due_at=_ms_or_none(head),
+                next_lease_deadline=_ms_or_none(r[7]),
+                counters=counters,
+                now=ms_to_datetime(now),
+            )
+
+        return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
+
+    def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
+        if offset < 0 or limit < 1:
+            raise InvalidTaskError("dead() needs offset >= 0 and limit >= 1")
+
+        def parse(r: Any) -> list[TaskInfo]:
+            out = []
+            for i in range(0, len(r), 4):
+                tid, died, record, err = _s(r[i]), float(r[i + 1]), r[i + 2], r[i + 3]
+                out.append(self.task_info(tid, "dead", died, _b(record or b""), err))
+            return out
+
+        return self.op("dead", {"offset": offset, "limit": limit}, [], parse)
+
+    def replay(self, ids: Iterable[str] | None = None, *, limit: int = REPLY_BATCH) -> Op[int]:
+        rest: list[Arg] = [validate_task_id(i) for i in ids] if ids is not None else []
+        return self.op(
+            "replay",
+            {"now": "", "channel": self.keys.wake_channel, "limit": limit},
+            rest,
+            int,
+        )
+
+    def purge_dead(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        before_ms: int | None = None,
+        limit: int = REPLY_BATCH,
+    ) -> Op[int]:
+        rest: list[Arg] = [validate_task_id(i) for i in ids] if ids is not None else []
+        return self.op(
+            "purge",
+            {"before_ms": "" if before_ms is None else before_ms, "limit": limit},
+            rest,
+            int,
+        )
+
+    def reap(self, *, limit: int = 1000, now_ms: int | None = None) -> Op[int]:
+        return self.op(
+            "reap",
+            {"now": _now_arg(now_ms), "limit": limit, "channel": self.keys.wake_channel},
+            [],
+            int,
+        )
+
+
+def _now_arg(now_ms: int | None) -> str | int:
+    return "" if now_ms is None else int(now_ms)
+
+
+def _state(state: str) -> State:
+    if state not in ("scheduled", "active", "done", "dead"):
+        raise ValueError(f"unknown task state {state!r}")
+    return state  # type: ignore[return-value]

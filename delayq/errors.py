@@ -1,0 +1,64 @@
+"""The exception tree, and the one table that maps script status codes to exceptions."""
+
+from __future__ import annotations
+
+
+class DelayqError(Exception):
+    """Base class of every error delayq raises."""
+
+
+class ConfigurationError(DelayqError, ValueError):
+    """A setting or URL is wrong; the message says which and how to fix it."""
+
+
+class InvalidTaskError(DelayqError, ValueError):
+    """A task was refused before anything was written (bad payload, delay, id ...)."""
+
+
+class PayloadTooLarge(InvalidTaskError):
+    """The encoded payload exceeds the queue's ``max_payload``."""
+
+
+class ConnectionFailed(DelayqError, ConnectionError):
+    """Redis could not be reached; the message names the URL tried."""
+
+
+class ScriptError(DelayqError):
+    """A delayq Lua script failed on the server (a bug or an incompatible server)."""
+
+
+class LeaseLost(DelayqError):
+    """The worker no longer holds the task's lease: it expired or was taken over."""
+
+
+class ServerNotFound(DelayqError):
+    """No Redis/Valkey server binary was found to start an embedded server."""
+
+
+# Outcome exceptions a handler raises. They are control flow, not failures of delayq,
+# so they derive from Exception directly and carry what the worker needs.
+
+
+class Retry(Exception):
+    """Run the task again later: ``raise Retry(after=10)``; counts as an attempt."""
+
+    def __init__(self, after: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or f"retry requested (after={after})")
+        self.after = after
+        self.reason = reason
+
+
+class Discard(Exception):
+    """Finish the task without running it again: the business state moved on."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Fail(Exception):
+    """Send the task to the dead set at once (retrying cannot help), firing ``on_dead``."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason

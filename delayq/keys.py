@@ -1,0 +1,80 @@
+"""Every Redis key and channel name delayq uses, in one place.
+
+All keys of one queue shard share the hash tag ``{<shard>}`` so every Lua script touches
+keys of a single Cluster slot. Nothing outside this module spells a key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "dq"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+
+
+def validate_queue_name(name: str) -> str:
+    """Refuse names that would break the hash tag or be unreadable in ``redis-cli``."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(
+            f"invalid queue name {name!r}: use 1-100 characters from letters, digits and "
+            "'_.:-' (braces and '#' are reserved for hash tags and shards)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Key names of one queue shard.
+
+    Attribute names are what the Lua headers refer to (``-- KEYS[1] scheduled``), so the
+    script loader can build each script's KEYS list from its header.
+    """
+
+    shard: str
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.shard}}}"
+
+    @property
+    def scheduled(self) -> str:
+        """ZSET task id -> due time (ms, server clock)."""
+        return f"{self.base}:scheduled"
+
+    @property
+    def active(self) -> str:
+        """ZSET task id -> lease deadline (ms)."""
+        return f"{self.base}:active"
+
+    @property
+    def dead(self) -> str:
+        """ZSET task id -> time it died (ms)."""
+        return f"{self.base}:dead"
+
+    @property
+    def done(self) -> str:
+        """ZSET task id -> time it finished (ms); kept for the dedupe window."""
+        return f"{self.base}:done"
+
+    @property
+    def tasks(self) -> str:
+        """HASH task id -> record (JSON header, newline, encoded payload)."""
+        return f"{self.base}:tasks"
+
+    @property
+    def errors(self) -> str:
+        """HASH task id -> last error text (only for tasks that failed at least once)."""
+        return f"{self.base}:errors"
+
+    @property
+    def stats(self) -> str:
+        """HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."""
+        return f"{self.base}:stats"
+
+    @property
+    def wake_channel(self) -> str:
+        """Pub/sub channel on which producers announce a new earliest due time."""
+        return f"{self.base}:wake"

@@ -1,0 +1,135 @@
+"""Builders for the worker's script calls: claim, ack, retry, bury, release, extend. Pure.
+
+A lease is ``(task id, token)``: the token is handed out by ``claim`` and checked by every
+later call, so a worker whose lease expired or was taken over cannot finish the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import Header, split_record
+from .core import Op, QueueCore, _now_arg
+from .scripts import Arg
+
+Lease = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A task this worker now holds a lease on, payload still encoded."""
+
+    id: str
+    header: Header
+    payload: bytes
+
+    @property
+    def token(self) -> int:
+        return self.header.token
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    now_ms: int
+    next_due_ms: int | None
+    next_lease_ms: int | None
+    tasks: list[Claimed]
+
+
+def _opt(v: Any) -> int | None:
+    n = int(float(v))
+    return None if n < 0 else n
+
+
+def _ids(reply: Any) -> list[str]:
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+
+
+def claim(
+    core: QueueCore,
+    *,
+    limit: int,
+    lease_ms: int,
+    lookahead_ms: int = 0,
+    reap_limit: int = 100,
+    now_ms: int | None = None,
+) -> Op[ClaimResult]:
+    def parse(r: Any) -> ClaimResult:
+        # claim.lua buried records it could not read and rewrote the rest's header itself,
+        # so every header here parses.
+        tasks = []
+        for i in range(3, len(r), 2):
+            tid = r[i].decode() if isinstance(r[i], bytes) else str(r[i])
+            header, payload = split_record(r[i + 1])
+            tasks.append(Claimed(tid, header, payload))
+        return ClaimResult(int(r[0]), _opt(r[1]), _opt(r[2]), tasks)
+
+    return core.op(
+        "claim",
+        {
+            "now": _now_arg(now_ms),
+            "lookahead_ms": lookahead_ms,
+            "limit": limit,
+            "lease_ms": lease_ms,
+            "reap_limit": reap_limit,
+        },
+        [],
+        parse,
+    )
+
+
+def _flat(items: Sequence[tuple[Any, ...]]) -> list[Arg]:
+    return [x for item in items for x in item]
+
+
+def ack(
+    core: QueueCore,
+    leases: Sequence[Lease],
+    *,
+    discarded: bool = False,
+    trim_limit: int = 20,
+    now_ms: int | None = None,
+) -> Op[list[str]]:
+    return core.op(
+        "ack",
+        {
+            "now": _now_arg(now_ms),
+            "dedupe_ms": core.dedupe_ms,
+            "counter": "discarded" if discarded else "succeeded",
+            "trim_limit": trim_limit,
+        },
+        _flat(leases),
+        _ids,
+    )
+
+
+def retry(
+    core: QueueCore, items: Sequence[tuple[str, int, str, str]], *, now_ms: int | None = None
+) -> Op[list[str]]:
+    """items: (id, token, due spec, error text)."""
+    return core.op(
+        "retry", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(items), _ids
+    )
+
+
+def bury(
+    core: QueueCore, items: Sequence[tuple[str, int, str]], *, now_ms: int | None = None
+) -> Op[list[str]]:
+    """items: (id, token, reason)."""
+    return core.op("bury", {"now": _now_arg(now_ms)}, _flat(items), _ids)
+
+
+def release(
+    core: QueueCore, leases: Sequence[Lease], *, now_ms: int | None = None
+) -> Op[list[str]]:
+    return core.op(
+        "release", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(leases), _ids
+    )
+
+
+def extend(
+    core: QueueCore, leases: Sequence[Lease], *, lease_ms: int, now_ms: int | None = None
+) -> Op[list[str]]:
+    return core.op("extend", {"now": _now_arg(now_ms), "lease_ms": lease_ms}, _flat(leases), _ids)

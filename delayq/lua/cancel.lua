@@ -1,0 +1,12 @@
+-- cancel: remove a waiting task. A running, finished or dead task is left as it is.
+-- KEYS[1] scheduled
+-- KEYS[2] tasks
+-- KEYS[3] errors
+-- KEYS[4] stats
+-- ARGV[1] id
+-- Returns: 1 if the task was waiting and is now gone, else 0.
+if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
+redis.call('HDEL', K.tasks, A.id)
+redis.call('HDEL', K.errors, A.id)
+redis.call('HINCRBY', K.stats, 'cancelled', 1)
+return 1

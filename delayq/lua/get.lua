@@ -1,0 +1,18 @@
+-- get: one task's state, score, record and last error (read-only).
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] dead
+-- KEYS[4] done
+-- KEYS[5] tasks
+-- KEYS[6] errors
+-- ARGV[1] id
+-- Returns: {state, score, record, last error or false} or false when the id is unknown.
+--          score: due time (scheduled), lease deadline (active), time of death or finish.
+local rec = redis.call('HGET', K.tasks, A.id)
+if not rec then return false end
+local err = redis.call('HGET', K.errors, A.id)
+for _, state in ipairs({'scheduled', 'active', 'dead', 'done'}) do
+  local score = redis.call('ZSCORE', K[state], A.id)
+  if score then return {state, score, rec, err} end
+end
+return false

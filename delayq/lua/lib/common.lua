@@ -1,0 +1,60 @@
+-- Shared helpers, prepended to scripts that say "--@include common".
+
+-- The one clock: the server's TIME in ms, unless the caller passes an explicit "now"
+-- (tests run a script as of a given time).
+local function dq_now(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- "+<ms>" is relative to now; anything else is an absolute ms timestamp.
+local function dq_due(spec, now)
+  if string.sub(spec, 1, 1) == '+' then return now + tonumber(string.sub(spec, 2)) end
+  return tonumber(spec)
+end
+
+-- A record is "<json header>\n<payload>". Returns header table (nil if undecodable), payload.
+local function dq_split(rec)
+  local nl = string.find(rec, '\n', 1, true)
+  if not nl then return nil, rec end
+  local ok, h = pcall(cjson.decode, string.sub(rec, 1, nl - 1))
+  if not ok or type(h) ~= 'table' or type(h.k) ~= 'string' then
+    return nil, string.sub(rec, nl + 1)
+  end
+  h.a = tonumber(h.a) or 0
+  h.m = tonumber(h.m) or 0
+  h.t = tonumber(h.t) or 0
+  return h, string.sub(rec, nl + 1)
+end
+
+local function dq_join(h, payload)
+  return cjson.encode(h) .. '\n' .. payload
+end
+
+-- Earliest due time in the scheduled set, or false when it is empty.
+local function dq_head(scheduled)
+  local head = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
+  if head[2] then return tonumber(head[2]) end
+  return false
+end
+
+-- Tell idle workers about a due time earlier than the head they know of.
+local function dq_wake(channel, old_head, new_due)
+  if new_due and (not old_head or new_due < old_head) then
+    redis.call('PUBLISH', channel, tostring(new_due))
+  end
+end
+
+-- Errors are kept short enough to read in a dashboard, long enough for a traceback.
+local function dq_set_error(errors, id, text)
+  if string.len(text) > 8192 then text = string.sub(text, 1, 8192) .. '...' end
+  redis.call('HSET', errors, id, text)
+end
+
+-- A task moves to the dead set; the record and the reason stay for inspection and replay.
+local function dq_bury(k, id, now, reason)
+  redis.call('ZADD', k.dead, now, id)
+  dq_set_error(k.errors, id, reason)
+  redis.call('HINCRBY', k.stats, 'dead', 1)
+end

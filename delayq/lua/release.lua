@@ -1,0 +1,35 @@
+-- release: hand leased tasks back unrun (worker shutting down); the attempt is not counted
+-- and each keeps its due time, so it runs again promptly.
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] tasks
+-- KEYS[4] stats
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- ARGV[2] channel    wake-up channel
+-- ARGV[3...] leases  pairs: id, lease token
+-- Returns: the ids refused because the lease was lost.
+--@include common
+--@include lease
+local now = dq_now(A.now)
+local old_head = dq_head(K.scheduled)
+local min_due = false
+local refused = {}
+local n = 0
+for i = REST, #ARGV, 2 do
+  local id = ARGV[i]
+  local h, payload = dq_holds(K, id, ARGV[i + 1], now)
+  if h then
+    local due = tonumber(h.d) or now
+    h.a = math.max(h.a - 1, 0)
+    redis.call('HSET', K.tasks, id, dq_join(h, payload))
+    redis.call('ZREM', K.active, id)
+    redis.call('ZADD', K.scheduled, due, id)
+    if not min_due or due < min_due then min_due = due end
+    n = n + 1
+  else
+    refused[#refused + 1] = id
+  end
+end
+if n > 0 then redis.call('HINCRBY', K.stats, 'released', n) end
+dq_wake(A.channel, old_head, min_due)
+return refused

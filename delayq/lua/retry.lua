@@ -1,0 +1,33 @@
+-- retry: put leased tasks back in the scheduled set for a later attempt, with the error.
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] tasks
+-- KEYS[4] errors
+-- KEYS[5] stats
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- ARGV[2] channel    wake-up channel
+-- ARGV[3...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
+-- Returns: the ids refused because the lease was lost.
+--@include common
+--@include lease
+local now = dq_now(A.now)
+local old_head = dq_head(K.scheduled)
+local min_due = false
+local refused = {}
+local n = 0
+for i = REST, #ARGV, 4 do
+  local id = ARGV[i]
+  if dq_holds(K, id, ARGV[i + 1], now) then
+    local due = dq_due(ARGV[i + 2], now)
+    redis.call('ZREM', K.active, id)
+    redis.call('ZADD', K.scheduled, due, id)
+    dq_set_error(K.errors, id, ARGV[i + 3])
+    if not min_due or due < min_due then min_due = due end
+    n = n + 1
+  else
+    refused[#refused + 1] = id
+  end
+end
+if n > 0 then redis.call('HINCRBY', K.stats, 'retried', n) end
+dq_wake(A.channel, old_head, min_due)
+return refused

@@ -1,0 +1,61 @@
+-- schedule: add tasks to the scheduled set; an id already known is left alone unless replaced.
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] dead
+-- KEYS[4] done
+-- KEYS[5] tasks
+-- KEYS[6] errors
+-- KEYS[7] stats
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- ARGV[2] dedupe_ms  how long a finished id counts as done
+-- ARGV[3] replace    "1": move a waiting task, re-create a done or dead one
+-- ARGV[4] channel    wake-up channel
+-- ARGV[5...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
+-- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
+--          done within the dedupe window, or dead).
+--@include common
+local now = dq_now(A.now)
+local dedupe = tonumber(A.dedupe_ms)
+local replace = A.replace == '1'
+local old_head = dq_head(K.scheduled)
+local min_due = false
+local created = 0
+local out = {}
+
+local function put(id, due, rec)
+  redis.call('HSET', K.tasks, id, rec)
+  redis.call('ZADD', K.scheduled, due, id)
+  if not min_due or due < min_due then min_due = due end
+end
+
+for i = REST, #ARGV, 3 do
+  local id, due, rec = ARGV[i], dq_due(ARGV[i + 1], now), ARGV[i + 2]
+  local status = 0
+  if redis.call('HEXISTS', K.tasks, id) == 0 then
+    -- Every known task has a record, so no record means a new id: the common, cheap case.
+    put(id, due, rec); status = 1
+  elseif redis.call('ZSCORE', K.active, id) then
+    status = 0
+  elseif redis.call('ZSCORE', K.scheduled, id) then
+    if replace then put(id, due, rec); status = 2 end
+  else
+    local finished = redis.call('ZSCORE', K.done, id)
+    local dead = redis.call('ZSCORE', K.dead, id)
+    if finished and (replace or tonumber(finished) < now - dedupe) then
+      redis.call('ZREM', K.done, id)
+      redis.call('HDEL', K.errors, id)
+      put(id, due, rec); status = replace and 2 or 1
+    elseif dead and replace then
+      redis.call('ZREM', K.dead, id)
+      redis.call('HDEL', K.errors, id)
+      put(id, due, rec); status = 2
+    elseif not finished and not dead then
+      put(id, due, rec); status = 1
+    end
+  end
+  if status > 0 then created = created + 1 end
+  out[#out + 1] = status
+end
+if created > 0 then redis.call('HINCRBY', K.stats, 'scheduled', created) end
+dq_wake(A.channel, old_head, min_due)
+return out

@@ -1,0 +1,26 @@
+-- stats: counts per state, the head of the schedule and the counters (read-only).
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] dead
+-- KEYS[4] done
+-- KEYS[5] stats
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- Returns: {now, scheduled, due, active, dead, done, head_due (-1: none),
+--           next_lease_deadline (-1: none), counter name, value, ...}
+--@include common
+local now = dq_now(A.now)
+local out = {
+  now,
+  redis.call('ZCARD', K.scheduled),
+  redis.call('ZCOUNT', K.scheduled, '-inf', now),
+  redis.call('ZCARD', K.active),
+  redis.call('ZCARD', K.dead),
+  redis.call('ZCARD', K.done),
+  dq_head(K.scheduled) or -1,
+  -1,
+}
+local lease = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
+if lease[2] then out[8] = tonumber(lease[2]) end
+local counters = redis.call('HGETALL', K.stats)
+for i = 1, #counters do out[#out + 1] = counters[i] end
+return out

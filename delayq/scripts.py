@@ -1,0 +1,120 @@
+"""Loading the Lua scripts: header parsing, includes, and the KEYS/ARGV preamble.
+
+Each ``lua/<name>.lua`` opens with a header that declares its keys and arguments::
+
+    -- KEYS[1] scheduled          (a QueueKeys attribute)
+    -- ARGV[1] now  ms, or "" for the server's TIME
+    -- ARGV[5...] tasks  triples: ...   (the variadic tail)
+
+The header is the single source of truth: the loader prepends
+``local K = {scheduled = KEYS[1], ...}`` and ``local A = {now = ARGV[1], ...}`` so the
+body uses names, and :meth:`Script.keys_and_args` builds the call from the same names,
+refusing a missing or unknown argument. ``--@include lib`` pulls in ``lua/lib/lib.lua``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from .keys import QueueKeys
+
+_KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\w+)\s*$")
+_ARG_RE = re.compile(r"^-- ARGV\[(\d+)(\.\.\.)?\] (\w+)\b")
+_INCLUDE_RE = re.compile(r"^--@include (\w+)\s*$", re.M)
+
+Arg = str | int | float | bytes
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+    key_names: tuple[str, ...]
+    arg_names: tuple[str, ...]
+    variadic: str | None
+
+    def keys_and_args(
+        self, keys: QueueKeys, args: dict[str, Arg], rest: list[Arg] | None = None
+    ) -> tuple[list[str], list[Arg]]:
+        if set(args) != set(self.arg_names):
+            raise TypeError(
+                f"{self.name}.lua takes ARGV {self.arg_names}, got {tuple(sorted(args))}"
+            )
+        if rest and self.variadic is None:
+            raise TypeError(f"{self.name}.lua takes no variadic arguments")
+        key_list = [getattr(keys, name) for name in self.key_names]
+        return key_list, [args[name] for name in self.arg_names] + list(rest or [])
+
+
+def parse_header(name: str, text: str) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
+    """Read KEYS and ARGV declarations; they must be numbered 1, 2, 3 ... in order."""
+    keys: list[str] = []
+    args: list[str] = []
+    variadic: str | None = None
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        if m := _KEY_RE.match(line):
+            if int(m.group(1)) != len(keys) + 1:
+                raise ValueError(f"{name}.lua: KEYS[{m.group(1)}] is out of order")
+            keys.append(m.group(2))
+        elif m := _ARG_RE.match(line):
+            if variadic is not None or int(m.group(1)) != len(args) + 1:
+                raise ValueError(f"{name}.lua: ARGV[{m.group(1)}] is out of order")
+            if m.group(2):
+                variadic = m.group(3)
+            else:
+                args.append(m.group(3))
+    return tuple(keys), tuple(args), variadic
+
+
+def _read(path: str) -> str:
+    return resources.files("delayq").joinpath("lua", path).read_text(encoding="utf-8")
+
+
+def _expand(text: str) -> str:
+    return _INCLUDE_RE.sub(lambda m: _read(f"lib/{m.group(1)}.lua"), text)
+
+
+def load(name: str) -> Script:
+    text = _read(f"{name}.lua")
+    keys, args, variadic = parse_header(name, text)
+    for key in keys:
+        if not isinstance(getattr(QueueKeys, key, None), property):
+            raise ValueError(f"{name}.lua: KEYS names {key!r}, which QueueKeys does not define")
+    preamble = "local K = {" + ", ".join(f"{k} = KEYS[{i}]" for i, k in enumerate(keys, 1)) + "}\n"
+    preamble += "local A = {" + ", ".join(f"{a} = ARGV[{i}]" for i, a in enumerate(args, 1)) + "}\n"
+    preamble += f"local REST = {len(args) + 1}\n"
+    source = preamble + _expand(text)
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    return Script(name, source, sha, keys, args, variadic)
+
+
+NAMES = (
+    "schedule",
+    "claim",
+    "ack",
+    "retry",
+    "bury",
+    "release",
+    "extend",
+    "reap",
+    "cancel",
+    "reschedule",
+    "replay",
+    "purge",
+    "get",
+    "stats",
+    "dead",
+)
+
+
+def load_all() -> dict[str, Script]:
+    return {name: load(name) for name in NAMES}
+
+
+SCRIPTS: dict[str, Script] = load_all()

@@ -1,0 +1,81 @@
+"""What the user sees of a task: the handler's ``Task`` and the inspection ``TaskInfo``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+State = Literal["scheduled", "active", "done", "dead"]
+
+
+@dataclass
+class Task:
+    """Handed to a handler: one attempt at running a task.
+
+    ``lease_lost`` is set when the worker learns that its lease is gone (expired or taken
+    over): a long sync handler may check it to stop early, since its result will be refused.
+    """
+
+    id: str
+    kind: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    due_at: datetime
+    queue: str
+    token: int = field(repr=False)
+    lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it."""
+
+    id: str
+    kind: str
+    payload: Any
+    state: State
+    due_at: datetime | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    created_at: datetime | None
+    lease_deadline: datetime | None = None
+    finished_at: datetime | None = None
+    queue: str = ""
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """``Queue.stats()``: counts per state and how the schedule looks right now."""
+
+    queue: str
+    scheduled: int
+    due: int
+    active: int
+    dead: int
+    done: int
+    oldest_due_age: float
+    next_due_at: datetime | None
+    next_lease_deadline: datetime | None
+    counters: dict[str, int]
+    now: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "scheduled": self.scheduled,
+            "due": self.due,
+            "active": self.active,
+            "dead": self.dead,
+            "done": self.done,
+            "oldest_due_age": self.oldest_due_age,
+            "next_due_at": self.next_due_at.isoformat() if self.next_due_at else None,
+            "next_lease_deadline": (
+                self.next_lease_deadline.isoformat() if self.next_lease_deadline else None
+            ),
+            "counters": dict(self.counters),
+            "now": self.now.isoformat(),
+        }

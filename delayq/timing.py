@@ -1,0 +1,88 @@
+"""Turning the caller's delays, deadlines and durations into milliseconds. Pure: no I/O.
+
+Due times are compared on the Redis server's clock: a relative ``delay`` is sent as an
+offset and added to the server's ``TIME`` inside the script, so a producer with a skewed
+clock still schedules "15 minutes from now". ``at=`` is the caller's absolute wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime, timedelta
+
+from .errors import InvalidTaskError
+
+# Ten years: anything longer is almost certainly a unit mistake (ms passed as seconds).
+MAX_DELAY_S = 10 * 365 * 24 * 3600
+
+Duration = float | int | timedelta
+
+
+def seconds(value: Duration, what: str = "delay") -> float:
+    """Validate a non-negative, finite duration given as seconds or a timedelta."""
+    if isinstance(value, timedelta):
+        secs = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTaskError(
+            f"{what} must be seconds (int or float) or a timedelta, not {type(value).__name__}"
+        )
+    else:
+        secs = float(value)
+    if not math.isfinite(secs):
+        raise InvalidTaskError(f"{what} must be finite, got {value!r}")
+    if secs < 0:
+        raise InvalidTaskError(f"{what} must not be negative, got {value!r}")
+    if secs > MAX_DELAY_S:
+        raise InvalidTaskError(f"{what} of {secs:.0f} s is over ten years; check the unit")
+    return secs
+
+
+def at_ms(at: datetime | float | int) -> int:
+    """An absolute due time: an aware datetime or a Unix timestamp in seconds."""
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise InvalidTaskError(
+                f"at={at!r} is a naive datetime; pass an aware one, "
+                "e.g. datetime(..., tzinfo=timezone.utc)"
+            )
+        ts = at.timestamp()
+    elif isinstance(at, bool) or not isinstance(at, int | float):
+        raise InvalidTaskError(
+            f"at= must be an aware datetime or a Unix timestamp, not {type(at).__name__}"
+        )
+    else:
+        ts = float(at)
+    if not math.isfinite(ts) or ts < 0:
+        raise InvalidTaskError(f"at= must be a finite, non-negative timestamp, got {at!r}")
+    if ts > 253402300799:  # 9999-12-31
+        raise InvalidTaskError(f"at={at!r} is beyond year 9999; is it in milliseconds?")
+    return round(ts * 1000)
+
+
+def due_spec(delay: Duration | None, at: datetime | float | int | None) -> str:
+    """The due argument the scripts take: ``+<ms>`` relative to server time, or absolute ms."""
+    if delay is not None and at is not None:
+        raise InvalidTaskError("pass either delay= or at=, not both")
+    if at is not None:
+        return str(at_ms(at))
+    return "+" + str(round(seconds(delay if delay is not None else 0) * 1000))
+
+
+def ms_to_datetime(ms: int | float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Human durations for the CLI: ``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``250ms``."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise InvalidTaskError(
+            f"cannot read duration {text!r}: write a number with an optional unit "
+            "(ms, s, m, h, d), e.g. 90s, 15m, 2h"
+        )
+    return float(m.group(1)) * _UNIT_S[m.group(2)]

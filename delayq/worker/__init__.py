@@ -1,0 +1,5 @@
+"""The worker runtime."""
+
+from .worker import Worker
+
+__all__ = ["Worker"]

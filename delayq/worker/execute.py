@@ -1,0 +1,152 @@
+"""Running one attempt of a task and deciding its outcome. No Redis here: the outcome goes
+to the Finisher, which writes it.
+
+Outcomes: return -> done; ``Discard`` -> done, not retried; ``Fail`` -> dead now; ``Retry``
+-> again after its delay; any other exception -> again after the handler's backoff, or dead
+with the traceback once the attempts are spent. Every attempt is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..backoff import delay_for
+from ..codec import Codec, RecordError, decode_payload
+from ..errors import Discard, Fail, Retry
+from ..leasing import Claimed
+from ..task import Task
+from ..timing import ms_to_datetime, seconds
+from .outcome import Outcome
+from .registry import Handler, Registry
+
+log = logging.getLogger("delayq.worker")
+
+OnDead = Callable[[Task | None, str, str], Awaitable[None]]
+
+
+def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
+    delay = (
+        seconds(requested, "Retry(after=...)")
+        if requested is not None
+        else delay_for(attempt, h.backoff, h.jitter)
+    )
+    return "+" + str(round(delay * 1000))
+
+
+def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
+    """Decode the payload; raises RecordError for a payload no codec can read."""
+    h = claimed.header
+    return Task(
+        id=claimed.id,
+        kind=h.kind,
+        payload=decode_payload(h, claimed.payload, codecs),
+        attempt=h.attempts,
+        max_attempts=h.max_attempts,
+        due_at=ms_to_datetime(h.due_ms if h.due_ms is not None else 0),
+        queue=queue,
+        token=h.token,
+    )
+
+
+class Executor:
+    def __init__(
+        self,
+        registry: Registry,
+        queue: str,
+        codecs: dict[str, Codec],
+        pool: ThreadPoolExecutor,
+        on_dead: OnDead,
+    ) -> None:
+        self.registry = registry
+        self.queue = queue
+        self.codecs = codecs
+        self.pool = pool
+        self.on_dead = on_dead
+
+    async def _bury(self, task: Task | None, claimed: Claimed, reason: str) -> Outcome:
+        await self.on_dead(task, claimed.id, reason)
+        return Outcome("bury", claimed.id, claimed.token, text=reason)
+
+    def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str:
+        """The task and its handler, or the reason it can never run here (it will be buried)."""
+        handler = self.registry.get(claimed.header.kind)
+        if handler is None:
+            return (
+                f"no handler for kind {claimed.header.kind!r} on this worker "
+                f"(registered: {', '.join(self.registry.kinds()) or 'none'})"
+            )
+        try:
+            task = build_task(claimed, self.queue, self.codecs)
+        except RecordError as e:
+            return str(e)
+        task.max_attempts = handler.attempts_allowed(claimed.header.max_attempts)
+        if task.attempt > task.max_attempts:
+            return (
+                f"attempt {task.attempt} of at most {task.max_attempts}: no attempts left "
+                "(earlier attempts lost their lease)"
+            )
+        return task, handler
+
+    async def run(self, claimed: Claimed, started: Callable[[Task], None]) -> Outcome:
+        prepared = self.prepare(claimed)
+        if isinstance(prepared, str):
+            return await self._bury(None, claimed, prepared)
+        task, handler = prepared
+        started(task)
+        try:
+            await self._call(handler, task)
+        except Retry as r:
+            if task.attempt >= task.max_attempts:
+                return await self._bury(
+                    task, claimed, f"Retry requested, but no attempts left: {r}"
+                )
+            return Outcome(
+                "retry",
+                task.id,
+                task.token,
+                _retry_after(handler, task.attempt, r.after),
+                f"Retry: {r}",
+            )
+        except Discard as d:
+            log.info("task %s (%s) discarded: %s", task.id, task.kind, d.reason)
+            return Outcome("discard", task.id, task.token)
+        except Fail as f:
+            return await self._bury(task, claimed, f"Fail: {f.reason or 'no reason given'}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            text = "".join(traceback.format_exception(e))
+            if task.attempt >= task.max_attempts:
+                return await self._bury(
+                    task, claimed, f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
+                )
+            log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
+            return Outcome(
+                "retry", task.id, task.token, _retry_after(handler, task.attempt, None), text
+            )
+        return Outcome("ack", task.id, task.token)
+
+    async def _call(self, handler: Handler, task: Task) -> Any:
+        if handler.is_async:
+            coro = handler.fn(task)
+            if handler.timeout is None:
+                return await coro
+            return await asyncio.wait_for(coro, handler.timeout)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.pool, handler.fn, task)
+        if handler.timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), handler.timeout)
+        except TimeoutError:
+            # A thread cannot be stopped: it runs on, but its result is ignored and the
+            # lease_lost flag tells a cooperative handler to give up.
+            task.lease_lost.set()
+            raise TimeoutError(
+                f"handler took longer than its timeout of {handler.timeout} s"
+            ) from None

@@ -1,0 +1,56 @@
+"""Lease heartbeat: while a handler runs, its lease is extended every lease/3 seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .. import leasing
+from ..core import QueueCore
+from ..errors import DelayqError
+from ..runner import AsyncRunner
+
+log = logging.getLogger("delayq.worker")
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        core: QueueCore,
+        runner: AsyncRunner,
+        leases: dict[str, int],
+        lease_ms: int,
+        interval: float,
+        on_lost: Callable[[list[str]], None],
+    ) -> None:
+        self.core = core
+        self.runner = runner
+        self.leases = leases  # the worker's live map: id -> token
+        self.lease_ms = lease_ms
+        self.interval = interval
+        self.on_lost = on_lost
+
+    async def tick(self) -> list[str]:
+        """Extend every held lease once; returns (and reports) the ones found lost."""
+        held = list(self.leases.items())
+        lost: list[str] = []
+        for i in range(0, len(held), 1000):
+            op = leasing.extend(self.core, held[i : i + 1000], lease_ms=self.lease_ms)
+            reply: list[str] = await self.runner.run(op)
+            lost.extend(reply)
+        # A lease written off meanwhile (its result just acked) is not lost, just gone.
+        lost = [tid for tid in lost if tid in self.leases]
+        if lost:
+            self.on_lost(lost)
+        return lost
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if not self.leases:
+                continue  # an idle worker sends nothing
+            try:
+                await self.tick()
+            except DelayqError as e:
+                log.warning("lease heartbeat failed (%s); retrying", e)

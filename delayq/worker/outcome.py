@@ -1,0 +1,105 @@
+"""What became of one attempt, and the batching of those results into script calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from .. import leasing
+from ..core import Op, QueueCore
+from ..errors import DelayqError
+from ..runner import AsyncRunner
+
+log = logging.getLogger("delayq.worker")
+
+Action = Literal["ack", "discard", "retry", "bury", "release"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    id: str
+    token: int
+    due: str = ""  # retry: due spec
+    text: str = ""  # retry: error; bury: reason
+
+
+class Finisher:
+    """Writes outcomes in batches: one round trip carries every result that finished while
+    the previous one was in flight, so a busy worker acks thousands of tasks per call while
+    an idle one acks each at once. A failed write is kept and tried again, never dropped.
+    """
+
+    def __init__(
+        self,
+        core: QueueCore,
+        runner: AsyncRunner,
+        on_written: Callable[[list[Outcome], set[str]], None],
+    ) -> None:
+        self.core = core
+        self.runner = runner
+        self.on_written = on_written
+        self._pending: list[Outcome] = []
+        self._event = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, outcome: Outcome) -> None:
+        self._pending.append(outcome)
+        self._idle.clear()
+        self._event.set()
+
+    async def drained(self) -> None:
+        """Wait until every outcome added so far is written."""
+        while self._pending or not self._idle.is_set():
+            await self._idle.wait()
+
+    def _ops(self, batch: list[Outcome]) -> list[Op[list[str]]]:
+        by: dict[Action, list[Outcome]] = {}
+        for o in batch:
+            by.setdefault(o.action, []).append(o)
+        ops: list[Op[list[str]]] = []
+        for action, items in by.items():
+            for i in range(0, len(items), 1000):
+                ops.append(self._op(action, items[i : i + 1000]))
+        return ops
+
+    def _op(self, action: Action, items: list[Outcome]) -> Op[list[str]]:
+        leases = [(o.id, o.token) for o in items]
+        if action in ("ack", "discard"):
+            return leasing.ack(self.core, leases, discarded=action == "discard")
+        if action == "retry":
+            return leasing.retry(self.core, [(o.id, o.token, o.due, o.text) for o in items])
+        if action == "bury":
+            return leasing.bury(self.core, [(o.id, o.token, o.text) for o in items])
+        return leasing.release(self.core, leases)
+
+    async def run(self) -> None:
+        delay = 0.1
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                self._idle.set()
+                continue
+            try:
+                replies = await self.runner.run_many(self._ops(batch))
+            except DelayqError as e:
+                log.warning("could not write %d task results, retrying: %s", len(batch), e)
+                self._pending = batch + self._pending
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                self._event.set()
+                continue
+            delay = 0.1
+            refused = {tid for reply in replies for tid in reply}
+            self.on_written(batch, refused)
+            if not self._pending:
+                self._idle.set()
+
+    def flush_now(self) -> None:
+        self._event.set()

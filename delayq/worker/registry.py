@@ -1,0 +1,78 @@
+"""Handlers a worker runs, by task kind. Each Worker has its own registry (no globals)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
+from ..core import validate_kind
+from ..errors import ConfigurationError
+from ..timing import Duration, seconds
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+HandlerFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Handler:
+    kind: str
+    fn: HandlerFn
+    is_async: bool
+    max_attempts: int
+    backoff: Backoff
+    jitter: float
+    timeout: float | None
+
+    def attempts_allowed(self, record_max: int) -> int:
+        """A limit given at schedule time (``max_attempts=``) wins over the handler's."""
+        return record_max if record_max > 0 else self.max_attempts
+
+
+def make_handler(
+    kind: str,
+    fn: HandlerFn,
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    jitter: float = DEFAULT_JITTER,
+    timeout: Duration | None = None,
+) -> Handler:
+    validate_kind(kind)
+    if not callable(fn):
+        raise ConfigurationError(f"handler for {kind!r} is not callable: {fn!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigurationError(
+            f"max_attempts for {kind!r} must be an int >= 1, got {max_attempts!r}"
+        )
+    if not 0 <= jitter <= 1:
+        raise ConfigurationError(f"jitter for {kind!r} must be between 0 and 1, got {jitter!r}")
+    return Handler(
+        kind=kind,
+        fn=fn,
+        is_async=inspect.iscoroutinefunction(fn),
+        max_attempts=max_attempts,
+        backoff=validate_backoff(backoff),
+        jitter=jitter,
+        timeout=seconds(timeout, "timeout") if timeout is not None else None,
+    )
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self.on_dead: list[HandlerFn] = []
+
+    def add(self, handler: Handler) -> None:
+        if handler.kind in self._handlers:
+            raise ConfigurationError(f"a handler for {handler.kind!r} is already registered")
+        self._handlers[handler.kind] = handler
+
+    def get(self, kind: str) -> Handler | None:
+        return self._handlers.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)

@@ -1,0 +1,86 @@
+"""Wake-ups without polling: a pub/sub subscription to the queue's wake channel.
+
+Producers publish a due time whenever they add a task earlier than the head of the
+schedule. An idle worker sleeps until the head it knows of falls due, a message brings an
+earlier one, or the cap (about a second) passes — listening costs Redis no commands, and
+a message lost while reconnecting costs at most the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger("delayq.worker")
+
+
+class Waker:
+    def __init__(self, client: Any, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+        self.event = asyncio.Event()
+        self.hint_ms: int | None = None  # earliest due time announced since the last claim
+        self.subscribed = asyncio.Event()
+
+    def poke(self) -> None:
+        """Wake the claim loop now (capacity freed, shutdown, reconnect)."""
+        self.hint_ms = 0
+        self.event.set()
+
+    def take_hint(self) -> int | None:
+        hint, self.hint_ms = self.hint_ms, None
+        return hint
+
+    async def run(self) -> None:
+        delay = 0.1
+        while True:
+            pubsub = self.client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                self.subscribed.set()
+                self.poke()  # anything published while we were away: look now
+                delay = 0.1
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if msg is not None and msg.get("type") == "message":
+                        self._note(msg["data"])
+            except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+                self.subscribed.clear()
+                log.warning("wake-up subscription lost (%s); reconnecting in %.1f s", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                await pubsub.aclose()
+
+    def _note(self, data: Any) -> None:
+        try:
+            due = int(float(data))
+        except (TypeError, ValueError):
+            return
+        if self.hint_ms is None or due < self.hint_ms:
+            self.hint_ms = due
+        self.event.set()
+
+    async def sleep_until(self, deadline: float, due_to_loop: Any, lookahead: float) -> None:
+        """Sleep until ``deadline`` (loop time), or earlier when a message announces a task
+        due sooner; a message about a later task only shortens the sleep, costing nothing."""
+        loop = asyncio.get_running_loop()
+        while True:
+            timeout = deadline - loop.time()
+            if timeout <= 0:
+                return
+            self.event.clear()
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout)
+            except TimeoutError:
+                return
+            hint = self.hint_ms
+            if hint is None:
+                continue
+            if hint == 0:
+                return
+            deadline = min(deadline, due_to_loop(hint) - lookahead)
