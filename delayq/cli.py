@@ -50,8 +50,12 @@ def main() -> None:
 @main.command()
 @click.argument("app")
 @click.option("--embedded", is_flag=True, help="Start a private server and point the app at it.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
 def worker(app: str, embedded: bool, log_level: str) -> None:
     """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
     from .worker import Worker
@@ -73,8 +77,12 @@ def worker(app: str, embedded: bool, log_level: str) -> None:
 
 
 @main.command()
-@click.option("--url", default=None, help=f"Use this server instead of an embedded one "
-              f"(default: ${URL_ENV[0]} if set, else embedded).")
+@click.option(
+    "--url",
+    default=None,
+    help=f"Use this server instead of an embedded one "
+    f"(default: ${URL_ENV[0]} if set, else embedded).",
+)
 @click.option("--tasks", default=3000, show_default=True, help="How many tasks to schedule.")
 @click.option("--spread", default=5.0, show_default=True, help="Seconds over which they fall due.")
 @click.option("--concurrency", default=64, show_default=True)
@@ -82,8 +90,14 @@ def demo(url: str | None, tasks: int, spread: float, concurrency: int) -> None:
     """Schedule tasks due over the next seconds, run them, and report lateness and duplicates."""
     from .demo import run_demo
 
-    sys.exit(run_demo(url=url or os.environ.get(URL_ENV[0]), tasks=tasks, spread=spread,
-                      concurrency=concurrency))
+    sys.exit(
+        run_demo(
+            url=url or os.environ.get(URL_ENV[0]),
+            tasks=tasks,
+            spread=spread,
+            concurrency=concurrency,
+        )
+    )
 
 
 if __name__ == "__main__":

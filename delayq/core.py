@@ -298,11 +298,17 @@ class QueueCore:
 
         return self.op("dead", {"offset": offset, "limit": limit}, [], parse)
 
-    def replay(self, ids: Iterable[str] | None = None, *, limit: int = REPLY_BATCH) -> Op[int]:
+    def replay(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        limit: int = REPLY_BATCH,
+        now_ms: int | None = None,
+    ) -> Op[int]:
         rest: list[Arg] = [validate_task_id(i) for i in ids] if ids is not None else []
         return self.op(
             "replay",
-            {"now": "", "channel": self.keys.wake_channel, "limit": limit},
+            {"now": _now_arg(now_ms), "channel": self.keys.wake_channel, "limit": limit},
             rest,
             int,
         )

@@ -52,8 +52,10 @@ def run_demo(*, url: str | None, tasks: int, spread: float, concurrency: int) ->
         ]
         t0 = time.perf_counter()
         ids = queue.schedule_many(specs)
-        console.print(f"scheduled {len(ids)} tasks in {time.perf_counter() - t0:.3f} s, "
-                      f"due over the next {spread:g} s")
+        console.print(
+            f"scheduled {len(ids)} tasks in {time.perf_counter() - t0:.3f} s, "
+            f"due over the next {spread:g} s"
+        )
 
         thread = threading.Thread(target=lambda: __import__("asyncio").run(worker.serve()))
         thread.start()
@@ -62,8 +64,9 @@ def run_demo(*, url: str | None, tasks: int, spread: float, concurrency: int) ->
             s = queue.stats()
             if s.scheduled == 0 and s.active == 0 and len(runs) >= len(ids):
                 break
-            console.print(f"  waiting {s.scheduled:6d}  running {s.active:4d}  done {s.done:6d}",
-                          end="\r")
+            console.print(
+                f"  waiting {s.scheduled:6d}  running {s.active:4d}  done {s.done:6d}", end="\r"
+            )
             time.sleep(0.5)
         worker.stop()
         thread.join()
