@@ -6,12 +6,14 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from contextlib import ExitStack
 from typing import Any
 
 import click
 
 from .connection import URL_ENV
+from .worker.worker import HANDLER_THREAD_PREFIX
 
 
 def load_app(spec: str) -> Any:
@@ -74,6 +76,16 @@ def worker(app: str, embedded: bool, log_level: str) -> None:
         if not isinstance(obj, Worker):
             raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
         obj.run()
+    stuck = [t for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX)]
+    if stuck:
+        # Their tasks were handed back; Python would otherwise wait for them at exit.
+        logging.getLogger("delayq.worker").warning(
+            "%d sync handler(s) still running after shutdown; exiting without them", len(stuck)
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @main.command()

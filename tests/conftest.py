@@ -125,8 +125,10 @@ class WorkerProcess:
     def __init__(self, app: str, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "delayq", "worker", app, "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
 
     def kill(self, sig: int) -> None:

@@ -34,6 +34,8 @@ from .waker import Waker
 
 log = logging.getLogger("delayq.worker")
 
+HANDLER_THREAD_PREFIX = "delayq-handler"
+
 
 class Worker:
     """Runs the handlers of one queue.
@@ -143,7 +145,7 @@ class Worker:
         self._force = asyncio.Event()
         client = self._client_arg or async_client(self.queue.url)
         self.runner = AsyncRunner(client)
-        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delayq-handler")
+        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=HANDLER_THREAD_PREFIX)
         self.waker = Waker(client, self.core.keys.wake_channel)
         self.finisher = Finisher(self.core, self.runner, self._written)
         self.executor = Executor(

@@ -1,0 +1,158 @@
+"""The producer API end to end, with the same cases for Queue and AsyncQueue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from delayq import AsyncQueue, InvalidTaskError, Queue, TaskSpec
+from delayq.embedded import EmbeddedServer
+
+
+class SyncView:
+    """Runs an AsyncQueue's coroutines on a private loop so one test body serves both."""
+
+    def __init__(self, aq: AsyncQueue) -> None:
+        self._aq = aq
+        self._loop = asyncio.new_event_loop()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._aq, name)
+        if not callable(attr):
+            return attr
+        return lambda *a, **k: self._loop.run_until_complete(attr(*a, **k))
+
+    def close_view(self) -> None:
+        self._loop.run_until_complete(self._aq.close())
+        self._loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest, server: EmbeddedServer, qname: str) -> Iterator[Any]:
+    if request.param == "sync":
+        q = Queue(qname, url=server.url, dedupe_window=3600)
+        yield q
+        q.close()
+    else:
+        view = SyncView(AsyncQueue(qname, url=server.url, dedupe_window=3600))
+        yield view
+        view.close_view()
+
+
+def test_schedule_returns_the_given_id_and_stores_the_task(api: Any) -> None:
+    assert (
+        api.schedule("order.close", {"order_id": 42}, delay=900, task_id="order:42") == "order:42"
+    )
+    info = api.get("order:42")
+    assert info.state == "scheduled"
+    assert info.kind == "order.close"
+    assert info.payload == {"order_id": 42}
+    assert info.attempts == 0
+    remaining = (info.due_at - datetime.now(UTC)).total_seconds()
+    assert 890 < remaining <= 900
+
+
+def test_generated_ids_are_unique_and_short(api: Any) -> None:
+    ids = {api.schedule("k", i, delay=60) for i in range(200)}
+    assert len(ids) == 200
+    assert all(len(i) == 16 for i in ids)
+
+
+def test_at_accepts_aware_datetime_and_timestamp(api: Any) -> None:
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    a = api.schedule("report.send", {"to": "ops"}, at=when)
+    b = api.schedule("report.send", {"to": "ops"}, at=when.timestamp() + 1)
+    assert api.get(a).due_at == when
+    assert api.get(b).due_at == when + timedelta(seconds=1)
+
+
+def test_timedelta_delay(api: Any) -> None:
+    tid = api.schedule("k", None, delay=timedelta(minutes=15))
+    remaining = (api.get(tid).due_at - datetime.now(UTC)).total_seconds()
+    assert 890 < remaining <= 900
+
+
+def test_scheduling_a_waiting_id_again_changes_nothing(api: Any) -> None:
+    api.schedule("k", {"v": 1}, delay=100, task_id="same")
+    assert api.schedule("k", {"v": 2}, delay=5, task_id="same") == "same"
+    info = api.get("same")
+    assert info.payload == {"v": 1}
+    assert (info.due_at - datetime.now(UTC)).total_seconds() > 90
+
+
+def test_replace_moves_a_waiting_task(api: Any) -> None:
+    api.schedule("k", {"v": 1}, delay=100, task_id="same")
+    api.schedule("k", {"v": 2}, delay=5, task_id="same", replace=True)
+    info = api.get("same")
+    assert info.payload == {"v": 2}
+    assert (info.due_at - datetime.now(UTC)).total_seconds() < 6
+    assert api.stats().scheduled == 1
+
+
+def test_cancel_only_a_waiting_task(api: Any) -> None:
+    api.schedule("k", None, delay=60, task_id="c1")
+    assert api.cancel("c1") is True
+    assert api.get("c1") is None
+    assert api.cancel("c1") is False
+    assert api.cancel("never-existed") is False
+
+
+def test_reschedule_a_waiting_task(api: Any) -> None:
+    api.schedule("order.close", None, delay=900, task_id="order:7")
+    assert api.reschedule("order:7", delay=60) is True
+    remaining = (api.get("order:7").due_at - datetime.now(UTC)).total_seconds()
+    assert 50 < remaining <= 60
+    assert api.reschedule("unknown", delay=60) is False
+
+
+def test_get_unknown_is_none(api: Any) -> None:
+    assert api.get("nope") is None
+
+
+def test_stats_counts_and_head(api: Any) -> None:
+    api.schedule("k", None, delay=0, task_id="due-now")
+    api.schedule("k", None, delay=300, task_id="later")
+    s = api.stats()
+    assert (s.scheduled, s.due, s.active, s.dead, s.done) == (2, 1, 0, 0, 0)
+    assert s.oldest_due_age >= 0
+    assert s.next_due_at is not None and s.next_due_at <= datetime.now(UTC)
+    assert s.counters["scheduled"] == 2
+
+
+def test_schedule_many_in_batches(api: Any) -> None:
+    specs = [TaskSpec("bulk", {"n": i}, delay=60 + i) for i in range(2500)]
+    specs.append({"kind": "bulk", "payload": "dict form", "delay": 5, "task_id": "d1"})
+    ids = api.schedule_many(specs)
+    assert len(ids) == 2501 and ids[-1] == "d1"
+    assert api.stats().scheduled == 2501
+    assert api.get(ids[1234]).payload == {"n": 1234}
+
+
+def test_schedule_many_refuses_everything_when_one_task_is_bad(api: Any) -> None:
+    specs = [TaskSpec("bulk", i, delay=1) for i in range(10)] + [TaskSpec("bulk", {1, 2})]
+    with pytest.raises(InvalidTaskError, match="JSON"):
+        api.schedule_many(specs)
+    assert api.stats().scheduled == 0
+
+
+def test_schedule_many_refuses_duplicate_ids(api: Any) -> None:
+    with pytest.raises(InvalidTaskError, match="twice"):
+        api.schedule_many([TaskSpec("k", task_id="a"), TaskSpec("k", task_id="a")])
+    assert api.stats().scheduled == 0
+
+
+def test_payload_round_trips_exactly(api: Any) -> None:
+    payload = {
+        "big": 2**62 + 1,
+        "pi": 3.141592653589793,
+        "text": "订单 ✓",
+        "none": None,
+        "list": [1, "2", [3.5]],
+        "nested": {"a": {"b": True}},
+    }
+    tid = api.schedule("k", payload, delay=60)
+    assert api.get(tid).payload == payload

@@ -1,0 +1,108 @@
+"""Bad input gets a clear error naming the problem, and nothing is written."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import pytest
+
+from delayq import ConfigurationError, InvalidTaskError, PayloadTooLarge, Queue
+from delayq.embedded import EmbeddedServer
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"payload": {1, 2}}, "not JSON-serialisable"),
+        ({"payload": object()}, "not JSON-serialisable"),
+        ({"payload": math.nan}, "not JSON-serialisable"),
+        ({"payload": "x" * (64 * 1024)}, "over the queue's limit"),
+        ({"delay": -1}, "must not be negative"),
+        ({"delay": math.nan}, "must be finite"),
+        ({"delay": math.inf}, "must be finite"),
+        ({"delay": timedelta(seconds=-5)}, "must not be negative"),
+        ({"delay": "15m"}, "seconds"),
+        ({"delay": 1e12}, "over ten years"),
+        ({"at": datetime(2030, 1, 1)}, "naive datetime"),
+        ({"at": math.inf}, "finite"),
+        ({"at": 1.7e12}, "beyond year 9999"),
+        ({"delay": 5, "at": 1.7e9}, "either delay= or at="),
+        ({"task_id": ""}, "non-empty"),
+        ({"task_id": "x" * 257}, "over the limit"),
+        ({"task_id": 42}, "non-empty string"),
+        ({"task_id": "a\nb"}, "control characters"),
+        ({"kind": ""}, "kind must be"),
+        ({"max_attempts": -1}, "max_attempts"),
+    ],
+)
+def test_bad_task_is_refused_before_anything_is_written(
+    queue: Queue, kwargs: dict[str, object], message: str
+) -> None:
+    kwargs = dict(kwargs)  # the table is shared by every server flavour
+    kind = kwargs.pop("kind", "k")
+    payload = kwargs.pop("payload", None)
+    with pytest.raises(InvalidTaskError, match=message):
+        queue.schedule(kind, payload, **kwargs)  # type: ignore[arg-type]
+    assert queue.client.exists(queue.core.keys.tasks, queue.core.keys.scheduled) == 0
+
+
+def test_payload_limit_is_configurable(server: EmbeddedServer, qname: str) -> None:
+    with Queue(qname, url=server.url, max_payload=100) as q:
+        with pytest.raises(PayloadTooLarge, match="100"):
+            q.schedule("k", "y" * 200)
+        q.schedule("k", "y" * 50)
+
+
+def test_unknown_schedule_option_is_refused(queue: Queue) -> None:
+    with pytest.raises(InvalidTaskError, match="unknown schedule option"):
+        queue.schedule("k", None, dealy=5)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("name", ["", "a{b}", "has space", "x#1", "a" * 101])
+def test_bad_queue_name(name: str) -> None:
+    with pytest.raises(ValueError, match="invalid queue name"):
+        Queue(name, url="redis://127.0.0.1:1/0")
+
+
+def test_bad_url_scheme_names_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="unsupported Redis URL scheme 'http'"):
+        Queue("q", url="http://127.0.0.1:1")
+
+
+def test_unreachable_server_says_where_it_tried() -> None:
+    from delayq import ConnectionFailed
+    from delayq.embedded import free_port
+
+    port = free_port()
+    with (
+        Queue("q", url=f"redis://127.0.0.1:{port}/0") as q,
+        pytest.raises(ConnectionFailed, match=f"127.0.0.1:{port}.*DELAYQ_REDIS_URL"),
+    ):
+        q.schedule("k", None)
+
+
+def test_client_that_decodes_responses_is_refused(server: EmbeddedServer) -> None:
+    import redis
+
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        Queue("q", client=redis.Redis.from_url(server.url, decode_responses=True))
+
+
+def test_url_from_environment(monkeypatch: pytest.MonkeyPatch, server: EmbeddedServer) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("DELAYQ_REDIS_URL", server.url)
+    with Queue("envq") as q:
+        assert q.url == server.url
+    monkeypatch.delenv("DELAYQ_REDIS_URL")
+    with Queue("envq") as q:
+        assert q.url == "redis://127.0.0.1:1/0"
+    monkeypatch.delenv("REDIS_URL")
+    with Queue("envq") as q:
+        assert q.url == "redis://127.0.0.1:6379/0"
+
+
+def test_password_is_never_shown() -> None:
+    from delayq.connection import redact
+
+    assert redact("redis://user:s3cret@127.0.0.1:6379/0") == "redis://user:***@127.0.0.1:6379/0"

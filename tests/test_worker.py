@@ -1,0 +1,357 @@
+"""The worker end to end: outcomes, dead set, lease loss, shutdown and wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from delayq import Discard, Fail, Queue, Retry, Task, Worker, leasing
+from delayq.codec import encode_record
+from delayq.runner import SyncRunner
+
+from .helpers import wait_for
+
+
+def state(queue: Queue, tid: str) -> str | None:
+    info = queue.get(tid)
+    return info.state if info else None
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+def test_task_runs_once_on_time(queue: Queue, run_worker: Any, flavour: str) -> None:
+    worker = Worker(queue, concurrency=4)
+    seen: list[tuple[str, int, float]] = []
+
+    def record(task: Task) -> None:
+        seen.append((task.id, task.attempt, time.time() - task.due_at.timestamp()))
+
+    if flavour == "async":
+
+        @worker.handler("order.close")
+        async def close_async(task: Task) -> None:
+            record(task)
+    else:
+
+        @worker.handler("order.close")
+        def close_sync(task: Task) -> None:
+            record(task)
+
+    with run_worker(worker):
+        queue.schedule("order.close", {"order_id": 42}, delay=0.3, task_id="order:42")
+        wait_for(lambda: state(queue, "order:42") == "done")
+    assert [(s[0], s[1]) for s in seen] == [("order:42", 1)]
+    assert 0 <= seen[0][2] < 0.5  # started after its due time, not early
+    info = queue.get("order:42")
+    assert info is not None and info.attempts == 1 and info.finished_at is not None
+
+
+def test_done_id_is_not_run_again_within_dedupe_window(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    runs: list[str] = []
+    worker.handler("k")(lambda task: runs.append(task.id))
+    with run_worker(worker):
+        queue.schedule("k", None, task_id="once")
+        wait_for(lambda: state(queue, "once") == "done")
+        assert queue.schedule("k", None, task_id="once") == "once"
+        time.sleep(0.3)
+    assert runs == ["once"]
+    assert state(queue, "once") == "done"
+
+
+def test_retry_runs_again_and_counts_the_attempt(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    attempts: list[int] = []
+
+    @worker.handler("flaky")
+    async def flaky(task: Task) -> None:
+        attempts.append(task.attempt)
+        if task.attempt < 3:
+            raise Retry(after=0.05)
+
+    with run_worker(worker):
+        queue.schedule("flaky", None, task_id="r1")
+        wait_for(lambda: state(queue, "r1") == "done")
+    assert attempts == [1, 2, 3]
+    assert queue.stats().counters["retried"] == 2
+
+
+def test_discard_finishes_without_retry(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    calls: list[int] = []
+
+    @worker.handler("order.close")
+    def close(task: Task) -> None:
+        calls.append(task.attempt)
+        raise Discard("already paid")
+
+    with run_worker(worker):
+        queue.schedule("order.close", None, task_id="paid")
+        wait_for(lambda: state(queue, "paid") == "done")
+    assert calls == [1]
+    assert queue.stats().counters["discarded"] == 1
+
+
+def test_fail_goes_dead_at_once_and_fires_on_dead(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    alerts: list[tuple[str, str]] = []
+
+    @worker.handler("cleanup")
+    def cleanup(task: Task) -> None:
+        raise Fail("permission denied")
+
+    @worker.on_dead
+    def alert(task_id: str, reason: str, task: Task | None) -> None:
+        alerts.append((task_id, reason))
+
+    with run_worker(worker):
+        queue.schedule("cleanup", None, task_id="f1")
+        wait_for(lambda: state(queue, "f1") == "dead")
+    info = queue.get("f1")
+    assert info is not None and info.attempts == 1
+    assert info.last_error == "Fail: permission denied"
+    assert alerts == [("f1", "Fail: permission denied")]
+
+
+def test_exception_retries_with_backoff_then_dies_with_traceback(
+    queue: Queue, run_worker: Any
+) -> None:
+    worker = Worker(queue)
+    times: list[float] = []
+
+    @worker.handler("boom", max_attempts=3, backoff=[0.2, 0.4], jitter=0)
+    def boom(task: Task) -> None:
+        times.append(time.monotonic())
+        raise ValueError(f"broken on attempt {task.attempt}")
+
+    with run_worker(worker):
+        queue.schedule("boom", None, task_id="b1")
+        wait_for(lambda: state(queue, "b1") == "dead")
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.19 and times[2] - times[1] >= 0.39
+    info = queue.get("b1")
+    assert info is not None and info.attempts == 3
+    assert "Traceback" in (info.last_error or "")
+    assert "ValueError: broken on attempt 3" in (info.last_error or "")
+
+
+def test_max_attempts_given_at_schedule_time_wins(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+
+    @worker.handler("boom", max_attempts=10, backoff=[0.01])
+    def boom(task: Task) -> None:
+        raise RuntimeError("no")
+
+    with run_worker(worker):
+        queue.schedule("boom", None, task_id="b2", max_attempts=2)
+        wait_for(lambda: state(queue, "b2") == "dead")
+    info = queue.get("b2")
+    assert info is not None and info.attempts == 2
+
+
+def test_unknown_kind_and_undecodable_records_go_dead_and_worker_keeps_running(
+    queue: Queue, run_worker: Any
+) -> None:
+    worker = Worker(queue)
+    ran: list[str] = []
+    worker.handler("good")(lambda task: ran.append(task.id))
+    keys = queue.core.keys
+    # A record whose header is garbage, and one whose payload is not JSON.
+    queue.client.hset(keys.tasks, "corrupt", b"not a header")
+    queue.client.zadd(keys.scheduled, {"corrupt": 0})
+    bad_payload = encode_record("good", b"{not json", max_attempts=0, created_ms=0, fmt="json")
+    queue.client.hset(keys.tasks, "badjson", bad_payload)
+    queue.client.zadd(keys.scheduled, {"badjson": 0})
+    queue.schedule("nobody.handles.this", {"x": 1}, task_id="orphan")
+    queue.schedule("good", None, task_id="fine", delay=0.2)
+    with run_worker(worker):
+        wait_for(lambda: state(queue, "fine") == "done")
+        wait_for(lambda: queue.stats().dead == 3)
+    reasons = {t.id: t.last_error or "" for t in queue.dead()}
+    assert "cannot be decoded" in reasons["corrupt"]
+    assert "cannot be decoded as json" in reasons["badjson"]
+    assert "no handler for kind 'nobody.handles.this'" in reasons["orphan"]
+    assert ran == ["fine"]
+    # Nothing lost: the dead tasks keep their records and can be replayed.
+    orphan = queue.get("orphan")
+    assert orphan is not None and orphan.payload == {"x": 1}
+
+
+def test_dead_tasks_can_be_replayed_and_purged(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    fixed = threading.Event()
+
+    @worker.handler("k", max_attempts=1)
+    def k(task: Task) -> None:
+        if not fixed.is_set():
+            raise RuntimeError("bug")
+
+    with run_worker(worker):
+        for i in range(3):
+            queue.schedule("k", i, task_id=f"d{i}")
+        wait_for(lambda: queue.stats().dead == 3)
+        fixed.set()
+        assert queue.replay(["d0"]) == 1
+        wait_for(lambda: state(queue, "d0") == "done")
+        assert queue.purge_dead(["d1"]) == 1
+        assert queue.get("d1") is None
+        assert queue.replay() == 1
+        wait_for(lambda: state(queue, "d2") == "done")
+    assert queue.stats().dead == 0
+
+
+def test_async_handler_timeout_counts_as_failure(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+
+    @worker.handler("slow", timeout=0.1, max_attempts=1)
+    async def slow(task: Task) -> None:
+        await asyncio.sleep(5)
+
+    with run_worker(worker):
+        queue.schedule("slow", None, task_id="s1")
+        wait_for(lambda: state(queue, "s1") == "dead")
+    info = queue.get("s1")
+    assert info is not None and "TimeoutError" in (info.last_error or "")
+
+
+def test_lost_lease_cancels_async_handler_and_its_ack_is_refused(
+    queue: Queue, run_worker: Any
+) -> None:
+    """Another claimer takes the task over after its lease expired: the first handler is
+    cancelled when the heartbeat finds out, and the first worker never acks it."""
+    worker = Worker(queue, lease=1)
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    @worker.handler("long")
+    async def long(task: Task) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    runner = SyncRunner(queue.client)
+    with run_worker(worker):
+        queue.schedule("long", None, task_id="L")
+        assert started.wait(10)
+        # Pretend the lease ran out (a stalled worker), then let a rival claim it.
+        queue.client.zadd(queue.core.keys.active, {"L": 0})
+        rival = runner.run(leasing.claim(queue.core, limit=1, lease_ms=60_000))
+        assert [t.id for t in rival.tasks] == ["L"]
+        assert cancelled.wait(10)
+        time.sleep(0.3)
+    info = queue.get("L")
+    assert info is not None and info.state == "active" and info.attempts == 2
+    # The rival, holding the current token, finishes it.
+    assert runner.run(leasing.ack(queue.core, [("L", rival.tasks[0].token)])) == []
+    assert state(queue, "L") == "done"
+
+
+def test_graceful_shutdown_hands_back_unfinished_tasks(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue, grace=0.3)
+    started = threading.Event()
+
+    @worker.handler("long")
+    def long(task: Task) -> None:
+        started.set()
+        time.sleep(2)
+
+    @worker.handler("quick")
+    async def quick(task: Task) -> None:
+        await asyncio.sleep(0.05)
+
+    wt = run_worker(worker)
+    with wt:
+        queue.schedule("long", None, task_id="long1")
+        queue.schedule("quick", None, task_id="q1")
+        assert started.wait(10)
+        wait_for(lambda: state(queue, "q1") == "done")
+        t0 = time.monotonic()
+        wt.stop()
+        assert time.monotonic() - t0 < 2  # did not wait for the 2 s handler
+    info = queue.get("long1")
+    assert info is not None and info.state == "scheduled"
+    assert info.attempts == 0  # handed back: the interrupted attempt does not count
+    assert queue.stats().counters["released"] == 1
+
+
+def test_graceful_shutdown_lets_short_handlers_finish(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue, grace=5)
+    started = threading.Event()
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        started.set()
+        await asyncio.sleep(0.3)
+
+    wt = run_worker(worker)
+    with wt:
+        queue.schedule("k", None, task_id="k1")
+        assert started.wait(10)
+        wt.stop()
+    assert state(queue, "k1") == "done"
+
+
+def test_idle_worker_wakes_for_an_earlier_task_without_polling(
+    queue: Queue, run_worker: Any
+) -> None:
+    """With the idle cap at 30 s, only the wake-up message can start this task promptly."""
+    worker = Worker(queue, max_wait=30)
+    ran = threading.Event()
+    worker.handler("k")(lambda task: ran.set())
+    with run_worker(worker):
+        queue.schedule("k", None, delay=3600, task_id="far")
+        time.sleep(0.3)  # the worker now sleeps towards the far task
+        queue.schedule("k", None, delay=0.1, task_id="near")
+        assert ran.wait(5)
+    assert state(queue, "near") == "done"
+    assert state(queue, "far") == "scheduled"
+
+
+def test_worker_resubscribes_after_its_connection_is_killed(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue, max_wait=30)
+    ran = threading.Event()
+    worker.handler("k")(lambda task: ran.set())
+    with run_worker(worker):
+        time.sleep(0.3)
+        assert queue.client.client_kill_filter(_type="pubsub") >= 1
+        time.sleep(0.5)  # the waker reconnects (and re-checks the queue)
+        queue.schedule("k", None, delay=0.1, task_id="after-kill")
+        assert ran.wait(5)
+
+
+def test_sync_handlers_run_in_threads_concurrently(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue, concurrency=8)
+    barrier = threading.Barrier(8, timeout=10)
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        barrier.wait()  # only passes if 8 handlers run at the same time
+
+    with run_worker(worker):
+        for i in range(8):
+            queue.schedule("k", None, task_id=f"c{i}")
+        wait_for(lambda: queue.stats().done == 8)
+
+
+def test_handler_registration_errors() -> None:
+    from delayq import ConfigurationError
+
+    q = Queue("reg", url="redis://127.0.0.1:1/0")
+    w = Worker(q)
+    w.handler("k")(lambda t: None)
+    with pytest.raises(ConfigurationError, match="already registered"):
+        w.handler("k")(lambda t: None)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        w.handler("m", max_attempts=0)(lambda t: None)
+    with pytest.raises(ConfigurationError, match="backoff"):
+        w.handler("b", backoff=[])(lambda t: None)
+    with pytest.raises(ConfigurationError, match="concurrency"):
+        Worker(q, concurrency=0)
+    with pytest.raises(ConfigurationError, match="lease"):
+        Worker(q, lease=0.1)
