@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -34,6 +35,16 @@ def load_app(spec: str) -> Any:
         except AttributeError:
             raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _is_factory(obj: Any) -> bool:
+    """A function taking no arguments may build the Worker (``myapp:make_worker``)."""
+    if not inspect.isfunction(obj):
+        return False
+    params = inspect.signature(obj).parameters.values()
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    )
 
 
 def _logging(level: str) -> None:
@@ -71,7 +82,7 @@ def worker(app: str, embedded: bool, log_level: str) -> None:
             os.environ[URL_ENV[0]] = server.url
             click.echo(f"embedded server on {server.url} (data in .delayq/data)", err=True)
         obj = load_app(app)
-        if callable(obj) and not isinstance(obj, Worker):
+        if _is_factory(obj):
             obj = obj()
         if not isinstance(obj, Worker):
             raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")

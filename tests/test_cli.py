@@ -1,0 +1,45 @@
+"""The ``delayq`` command as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from delayq.cli import load_app, main
+
+
+def test_demo_runs_every_task_once_on_an_embedded_server() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delayq", "demo", "--tasks", "300", "--spread", "1"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ran exactly once" in proc.stdout and "OK" in proc.stdout
+    assert "│              300 │" in proc.stdout or " 300 " in proc.stdout
+
+
+def test_load_app_explains_bad_specs() -> None:
+    import click
+
+    with pytest.raises(click.BadParameter, match="MODULE:ATTRIBUTE"):
+        load_app("no_colon")
+    with pytest.raises(click.BadParameter, match="cannot import"):
+        load_app("no_such_module_xyz:worker")
+    with pytest.raises(click.BadParameter, match="has no attribute"):
+        load_app("tests.helpers:nope")
+
+
+def test_worker_command_refuses_what_is_not_a_worker() -> None:
+    result = CliRunner().invoke(main, ["worker", "tests.helpers:wait_for"])
+    assert result.exit_code != 0
+    assert "not a delayq Worker" in result.output
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and "0.1.0" in result.output
