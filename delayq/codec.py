@@ -139,7 +139,11 @@ class RecordError(ValueError):
 def encode_record(
     kind: str, payload: bytes, *, max_attempts: int, created_ms: int, fmt: str
 ) -> bytes:
-    header: dict[str, Any] = {"k": kind, "a": 0, "m": max_attempts, "t": 0, "c": created_ms}
+    # Zero-valued fields are left out of a new record (readers default them to 0): every
+    # byte here is paid once per waiting task.
+    header: dict[str, Any] = {"k": kind, "c": created_ms}
+    if max_attempts:
+        header["m"] = max_attempts
     if fmt != "json":
         header["f"] = fmt
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
