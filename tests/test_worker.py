@@ -355,3 +355,42 @@ def test_handler_registration_errors() -> None:
         Worker(q, concurrency=0)
     with pytest.raises(ConfigurationError, match="lease"):
         Worker(q, lease=0.1)
+
+
+async def test_worker_on_an_async_queue(aqueue: Any) -> None:
+    """The asyncio flavour end to end: AsyncQueue produces, a Worker built on it serves on
+    the same event loop."""
+    worker = Worker(aqueue)
+    done = asyncio.Event()
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        if task.attempt == 1:
+            raise Retry(after=0.05)
+        done.set()
+
+    serving = asyncio.create_task(worker.serve())
+    await aqueue.schedule("k", {"a": 1}, delay=0.1, task_id="a1")
+    await asyncio.wait_for(done.wait(), 10)
+    for _ in range(100):
+        info = await aqueue.get("a1")
+        if info.state == "done":
+            break
+        await asyncio.sleep(0.02)
+    worker.stop()
+    await asyncio.wait_for(serving, 10)
+    assert info.state == "done" and info.attempts == 2
+
+
+def test_scripts_are_reloaded_after_script_flush(queue: Queue, run_worker: Any) -> None:
+    """A failover or restart empties the script cache: calls load the script again (NOSCRIPT)."""
+    queue.schedule("k", None, delay=60, task_id="before")
+    queue.client.script_flush()
+    assert queue.reschedule("before", delay=0.1)
+    worker = Worker(queue)
+    worker.handler("k")(lambda task: None)
+    with run_worker(worker):
+        wait_for(lambda: state(queue, "before") == "done")
+        queue.client.script_flush()
+        queue.schedule_many([{"kind": "k", "task_id": f"m{i}"} for i in range(3)])
+        wait_for(lambda: queue.stats().done == 4)
