@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from itertools import islice
-from typing import Any, TypeVar, Unpack
+from typing import Any, Generic, TypeVar, Unpack
 
 import redis
 import redis.asyncio as aredis
@@ -31,6 +31,7 @@ from .task import QueueStats, TaskInfo
 from .timing import Duration, seconds
 
 T = TypeVar("T")
+C = TypeVar("C", redis.Redis, aredis.Redis)
 
 SCHEDULE_BATCH = 1000  # tasks per script call in schedule_many
 CALLS_PER_ROUND_TRIP = 8
@@ -65,29 +66,41 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-class _Base:
-    """Configuration shared by both flavours."""
+class _Base(Generic[C]):
+    """A named queue of delayed tasks (configuration shared by both flavours).
+
+    Args:
+        name: the queue's name; all its keys live under the hash tag ``{name}``.
+        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
+        client: an existing client (made with ``decode_responses=False``) instead of ``url``.
+        dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
+            the id again within it changes nothing.
+        max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
+        codec: ``"json"`` (default) or ``"msgpack"``.
+    """
 
     def __init__(
         self,
         name: str,
-        url: str | None,
+        url: str | None = None,
         *,
-        prefix: str,
-        codec: str,
-        max_payload: int,
-        dedupe_window: Duration,
+        client: C | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        codec: str = "json",
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
     ) -> None:
         self.core = QueueCore(
             name, prefix=prefix, codec=codec, max_payload=max_payload, dedupe_window=dedupe_window
         )
         self.url = resolve_url(url)
-        self.options = {
-            "prefix": prefix,
-            "codec": codec,
-            "max_payload": max_payload,
-            "dedupe_window": dedupe_window,
-        }
+        if client is not None:
+            check_client(client)
+        self._owns_client = client is None
+        self.client: C = client if client is not None else self._new_client(self.url)
+
+    def _new_client(self, url: str) -> C:
+        raise NotImplementedError
 
     @property
     def name(self) -> str:
@@ -108,43 +121,15 @@ class _Base:
         return f"{type(self).__name__}({self.name!r})"
 
 
-class Queue(_Base):
-    """A named queue of delayed tasks, used from blocking code.
+class Queue(_Base[redis.Redis]):
+    """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
 
-    Args:
-        name: the queue's name; all its keys live under the hash tag ``{name}``.
-        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
-        client: an existing ``redis.Redis`` (made with ``decode_responses=False``).
-        dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
-            the id again within it changes nothing.
-        max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
-        codec: ``"json"`` (default) or ``"msgpack"``.
-    """
+    def _new_client(self, url: str) -> redis.Redis:
+        return sync_client(url)
 
-    def __init__(
-        self,
-        name: str,
-        url: str | None = None,
-        *,
-        client: redis.Redis | None = None,
-        prefix: str = DEFAULT_PREFIX,
-        codec: str = "json",
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
-        dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
-    ) -> None:
-        super().__init__(
-            name,
-            url,
-            prefix=prefix,
-            codec=codec,
-            max_payload=max_payload,
-            dedupe_window=dedupe_window,
-        )
-        if client is not None:
-            check_client(client)
-        self._owns_client = client is None
-        self.client = client if client is not None else sync_client(self.url)
-        self._runner = SyncRunner(self.client)
+    @property
+    def _runner(self) -> SyncRunner:
+        return SyncRunner(self.client)
 
     def schedule(self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]) -> str:
         """Schedule ``kind`` with ``payload`` after ``delay`` seconds or ``at`` a time.
@@ -224,33 +209,15 @@ class Queue(_Base):
         self.close()
 
 
-class AsyncQueue(_Base):
+class AsyncQueue(_Base[aredis.Redis]):
     """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
 
-    def __init__(
-        self,
-        name: str,
-        url: str | None = None,
-        *,
-        client: aredis.Redis | None = None,
-        prefix: str = DEFAULT_PREFIX,
-        codec: str = "json",
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
-        dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
-    ) -> None:
-        super().__init__(
-            name,
-            url,
-            prefix=prefix,
-            codec=codec,
-            max_payload=max_payload,
-            dedupe_window=dedupe_window,
-        )
-        if client is not None:
-            check_client(client)
-        self._owns_client = client is None
-        self.client = client if client is not None else async_client(self.url)
-        self._runner = AsyncRunner(self.client)
+    def _new_client(self, url: str) -> aredis.Redis:
+        return async_client(url)
+
+    @property
+    def _runner(self) -> AsyncRunner:
+        return AsyncRunner(self.client)
 
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]

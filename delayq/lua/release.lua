@@ -19,12 +19,9 @@ for i = REST, #ARGV, 2 do
   local id = ARGV[i]
   local h, payload = dq_holds(K, id, ARGV[i + 1], now)
   if h then
-    local due = tonumber(h.d) or now
     h.a = math.max(h.a - 1, 0)
     redis.call('HSET', K.tasks, id, dq_join(h, payload))
-    redis.call('ZREM', K.active, id)
-    redis.call('ZADD', K.scheduled, due, id)
-    if not min_due or due < min_due then min_due = due end
+    min_due = dq_requeue(K, id, tonumber(h.d) or now, min_due)
     n = n + 1
   else
     refused[#refused + 1] = id

@@ -18,11 +18,8 @@ local n = 0
 for i = REST, #ARGV, 4 do
   local id = ARGV[i]
   if dq_holds(K, id, ARGV[i + 1], now) then
-    local due = dq_due(ARGV[i + 2], now)
-    redis.call('ZREM', K.active, id)
-    redis.call('ZADD', K.scheduled, due, id)
+    min_due = dq_requeue(K, id, dq_due(ARGV[i + 2], now), min_due)
     dq_set_error(K.errors, id, ARGV[i + 3])
-    if not min_due or due < min_due then min_due = due end
     n = n + 1
   else
     refused[#refused + 1] = id

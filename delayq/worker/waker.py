@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -23,17 +24,17 @@ class Waker:
         self.client = client
         self.channel = channel
         self.event = asyncio.Event()
+        self.poked = False  # look at the queue now: capacity freed, shutdown, reconnect
         self.hint_ms: int | None = None  # earliest due time announced since the last claim
-        self.subscribed = asyncio.Event()
 
     def poke(self) -> None:
-        """Wake the claim loop now (capacity freed, shutdown, reconnect)."""
-        self.hint_ms = 0
+        self.poked = True
         self.event.set()
 
-    def take_hint(self) -> int | None:
-        hint, self.hint_ms = self.hint_ms, None
-        return hint
+    def reset(self) -> None:
+        """Called just before a claim: what was announced so far, the claim will see."""
+        self.poked = False
+        self.hint_ms = None
 
     async def run(self) -> None:
         delay = 0.1
@@ -41,7 +42,6 @@ class Waker:
             pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
-                self.subscribed.set()
                 self.poke()  # anything published while we were away: look now
                 delay = 0.1
                 while True:
@@ -49,7 +49,6 @@ class Waker:
                     if msg is not None and msg.get("type") == "message":
                         self._note(msg["data"])
             except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-                self.subscribed.clear()
                 log.warning("wake-up subscription lost (%s); reconnecting in %.1f s", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -65,11 +64,23 @@ class Waker:
             self.hint_ms = due
         self.event.set()
 
-    async def sleep_until(self, deadline: float, due_to_loop: Any, lookahead: float) -> None:
-        """Sleep until ``deadline`` (loop time), or earlier when a message announces a task
-        due sooner; a message about a later task only shortens the sleep, costing nothing."""
+    async def sleep_until(
+        self,
+        deadline: float,
+        due_to_loop: Callable[[float], float] | None = None,
+        lookahead: float = 0.0,
+    ) -> None:
+        """Sleep until ``deadline`` (loop time), a poke, or — when ``due_to_loop`` is given —
+        the time (minus ``lookahead``) of a task announced as due earlier. A message about a
+        later task only shortens the sleep; it costs no command.
+
+        Flags are checked before the event is cleared, with no await in between, so a poke
+        that arrived while the caller was busy (say, claiming) is never lost.
+        """
         loop = asyncio.get_running_loop()
-        while True:
+        while not self.poked:
+            if self.hint_ms is not None and due_to_loop is not None:
+                deadline = min(deadline, due_to_loop(self.hint_ms) - lookahead)
             timeout = deadline - loop.time()
             if timeout <= 0:
                 return
@@ -78,9 +89,3 @@ class Waker:
                 await asyncio.wait_for(self.event.wait(), timeout)
             except TimeoutError:
                 return
-            hint = self.hint_ms
-            if hint is None:
-                continue
-            if hint == 0:
-                return
-            deadline = min(deadline, due_to_loop(hint) - lookahead)

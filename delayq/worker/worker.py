@@ -210,9 +210,12 @@ class Worker:
         while not self._stopping.is_set():
             free = self.concurrency - self._busy
             if free <= 0:
-                await self.waker.sleep_until(loop.time() + self.max_wait_s, self._to_loop, 0)
+                # Full: announcements do not matter until a handler finishes and pokes. Any
+                # poke so far is answered: we looked, and we are full (and not stopping).
+                self.waker.reset()
+                await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
-            self.waker.take_hint()
+            self.waker.reset()
             sent = loop.time()
             try:
                 result = await self.runner.run(
@@ -222,7 +225,7 @@ class Worker:
                 )
             except DelayqError as e:
                 log.warning("claim failed (%s); retrying in %.1f s", e, error_delay)
-                await self.waker.sleep_until(loop.time() + error_delay, self._to_loop, 0)
+                await self.waker.sleep_until(loop.time() + error_delay)
                 error_delay = min(error_delay * 2, 5.0)
                 continue
             error_delay = 0.1
