@@ -103,24 +103,60 @@ def worker(app: str, embedded: bool, log_level: str) -> None:
 @click.option(
     "--url",
     default=None,
-    help=f"Use this server instead of an embedded one "
-    f"(default: ${URL_ENV[0]} if set, else embedded).",
+    help=f"Redis URL (default: ${URL_ENV[0]} or ${URL_ENV[1]} if set, else embedded).",
 )
-@click.option("--tasks", default=3000, show_default=True, help="How many tasks to schedule.")
-@click.option("--spread", default=5.0, show_default=True, help="Seconds over which they fall due.")
-@click.option("--concurrency", default=64, show_default=True)
-def demo(url: str | None, tasks: int, spread: float, concurrency: int) -> None:
-    """Schedule tasks due over the next seconds, run them, and report lateness and duplicates."""
-    from .demo import run_demo
+@click.option(
+    "--database-url",
+    default=None,
+    help="Business database: sqlite:///FILE (default: a temporary file) or postgresql://...",
+)
+@click.option("--duration", default=20.0, show_default=True, help="Seconds of placing orders.")
+@click.option("--rate", default=40.0, show_default=True, help="Orders per second.")
+@click.option(
+    "--close-after",
+    default=3.0,
+    show_default=True,
+    help="Seconds an order may stay unpaid (15 minutes in real use).",
+)
+@click.option("--pay-share", default=0.5, show_default=True, help="Share of orders that pay.")
+@click.option(
+    "--race-share",
+    default=0.2,
+    show_default=True,
+    help="Share of paying orders that pay exactly at the deadline.",
+)
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--no-kill", is_flag=True, help="Do not SIGKILL a worker halfway through.")
+@click.option("--seed", type=int, default=None, help="Random seed, to replay a run.")
+def demo(
+    url: str | None,
+    database_url: str | None,
+    duration: float,
+    rate: float,
+    close_after: float,
+    pay_share: float,
+    race_share: float,
+    workers: int,
+    no_kill: bool,
+    seed: int | None,
+) -> None:
+    """Close unpaid orders on time, once, with stock restored — while a worker is killed."""
+    from .demo import DemoConfig, run_demo
 
-    sys.exit(
-        run_demo(
-            url=url or os.environ.get(URL_ENV[0]),
-            tasks=tasks,
-            spread=spread,
-            concurrency=concurrency,
-        )
+    cfg = DemoConfig(
+        url=url,
+        database_url=database_url,
+        duration=duration,
+        rate=rate,
+        close_after=close_after,
+        pay_share=pay_share,
+        race_share=race_share,
+        workers=workers,
+        kill=not no_kill,
     )
+    if seed is not None:
+        cfg.seed = seed
+    sys.exit(run_demo(cfg))
 
 
 if __name__ == "__main__":

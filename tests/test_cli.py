@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from click.testing import CliRunner
 
 from delayq.cli import load_app, main
-
-
-def test_demo_runs_every_task_once_on_an_embedded_server() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "delayq", "demo", "--tasks", "300", "--spread", "1"],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ran exactly once" in proc.stdout and "OK" in proc.stdout
-    assert "│              300 │" in proc.stdout or " 300 " in proc.stdout
 
 
 def test_load_app_explains_bad_specs() -> None:

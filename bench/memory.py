@@ -1,0 +1,104 @@
+"""Memory: ``used_memory`` per waiting task, beyond the payload's own encoded bytes.
+
+100,000 tasks with one fixed small payload are scheduled an hour ahead on a fresh server
+(AOF off, so no rewrite buffers sit in ``used_memory``), with generated ids and with
+12-character business ids (``order:000042``). The baseline is taken with the scripts
+already loaded and only the measuring connection open; the producer's connection is
+closed before the second reading. Valkey 8.1 (bundled) and Redis 7.0 (/usr/bin).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from common import Report, client, fresh_server, short_version
+
+from delayq import Queue, TaskSpec
+from delayq.scripts import SCRIPTS
+
+NAME = "memory"
+TITLE = "Memory per waiting task beyond the payload"
+
+COUNT = 100_000
+PAYLOAD = {"order": 123456, "user": 42}
+KIND = "order.close"
+BAR_BYTES = 200.0
+
+
+def run(rep: Report) -> None:
+    n = rep.n(COUNT)
+    rep.line(f"{n:,} waiting tasks of kind {KIND!r}, payload {PAYLOAD}")
+    for flavour in ("valkey", "redis"):
+        for ids in ("generated", "business"):
+            one(rep, flavour, ids, n)
+
+
+def _used(r: object) -> int:
+    return int(r.info("memory")["used_memory"])  # type: ignore[attr-defined]
+
+
+def one(rep: Report, flavour: str, ids: str, n: int) -> None:
+    name = f"mem-{secrets.token_hex(3)}"
+    with fresh_server(flavour, appendonly=False) as srv:
+        meter = client(srv.url)
+        meter.script_load(SCRIPTS["schedule"].source)
+        time.sleep(0.2)
+        base = _used(meter)
+        with Queue(name, url=srv.url) as q:
+            payload_bytes = len(q.core.codec.encode(PAYLOAD))
+            specs = [
+                TaskSpec(
+                    KIND,
+                    PAYLOAD,
+                    delay=3600,
+                    task_id=f"order:{i:06d}" if ids == "business" else None,
+                )
+                for i in range(n)
+            ]
+            record = len(q.core.encode_task(specs[0])[2])
+            id_len = len(q.core.encode_task(specs[0])[0])
+            q.schedule_many(specs)
+            keys = q.core.keys
+        time.sleep(0.5)  # let the server free the producer's connection and buffers
+        used = _used(meter)
+        waiting = int(meter.zcard(keys.scheduled))
+        per_key = {
+            k: int(meter.memory_usage(getattr(keys, k), samples=0) or 0)
+            for k in ("scheduled", "tasks", "stats")
+        }
+        meter.close()
+        per_task = (used - base) / n
+        beyond = per_task - payload_bytes
+        rep.line(
+            f"{short_version(srv):12s} {ids:9s} ids ({id_len:2d} chars): {waiting:,} waiting, "
+            f"used_memory +{(used - base) / 2**20:.1f} MiB = {per_task:.0f} B/task; "
+            f"payload {payload_bytes} B -> {beyond:.0f} B beyond it"
+        )
+        rep.line(
+            f"{'':12s} record {record} B (header {record - payload_bytes - 1} B + newline + "
+            f"payload); MEMORY USAGE per task: scheduled zset {per_key['scheduled'] / n:.0f} B, "
+            f"tasks hash {per_key['tasks'] / n:.0f} B"
+        )
+        rep.figure(
+            f"{flavour}-{ids}",
+            {
+                "n": n,
+                "server": short_version(srv),
+                "used_memory_delta": used - base,
+                "per_task": per_task,
+                "beyond_payload": beyond,
+                "payload_bytes": payload_bytes,
+                "record_bytes": record,
+                "id_chars": id_len,
+                "memory_usage_per_task": {k: v / n for k, v in per_key.items()},
+            },
+        )
+        if flavour == "valkey":
+            rep.bar(
+                f"Valkey 8, {ids} ids: bytes per waiting task beyond payload",
+                beyond,
+                "<=",
+                BAR_BYTES,
+                "B",
+            )

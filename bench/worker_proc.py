@@ -1,0 +1,144 @@
+"""One delayq worker in its own process, for the benchmarks (see common.WorkerProcess).
+
+Runs a no-op handler (async or sync) for one task kind and records, for every start,
+``time.time() - task.due_at.timestamp()`` (lateness) and the task id. Prints ``ready`` once
+the worker is subscribed to its wake channel. Stops gracefully on SIGTERM/SIGINT, when
+stdin reaches EOF (the parent went away) or after --max-seconds; then writes a JSON report
+to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from delayq import Queue, Task, Worker
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--queue", required=True)
+    p.add_argument("--kind", default="bench.noop")
+    p.add_argument("--mode", choices=("async", "sync"), default="async")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--lease", type=float, default=30)
+    p.add_argument("--record", choices=("lateness", "count"), default="lateness")
+    p.add_argument("--max-seconds", type=float, default=600)
+    p.add_argument("--out", required=True)
+    p.add_argument("--profile", help="write cProfile stats of the event loop thread here")
+    return p.parse_args()
+
+
+class Recorder:
+    def __init__(self, keep_lateness: bool) -> None:
+        self.keep_lateness = keep_lateness
+        self.lateness: list[float] = []
+        self.runs: Counter[str] = Counter()
+        self.first_start: float | None = None
+        self.last_start: float | None = None
+
+    def note(self, task: Task) -> None:
+        now = time.time()
+        # list.append and Counter updates from handler threads are safe under the GIL
+        # for what we need (a count and a list of floats).
+        if self.first_start is None:
+            self.first_start = now
+        self.last_start = now
+        if self.keep_lateness:
+            self.lateness.append(now - task.due_at.timestamp())
+        self.runs[task.id] += 1
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "started": sum(self.runs.values()),
+            "distinct": len(self.runs),
+            "duplicates": sum(1 for n in self.runs.values() if n > 1),
+            "first_start": self.first_start,
+            "last_start": self.last_start,
+            "lateness": self.lateness if self.keep_lateness else None,
+        }
+
+
+async def serve(worker: Worker) -> None:
+    task = asyncio.create_task(worker.serve(install_signals=True))
+    # Ready once the wake-up subscription is live (attribute names are the worker's own;
+    # if they change, fall back to a short pause).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not task.done():
+        waker = getattr(worker, "waker", None)
+        subscribed = getattr(waker, "subscribed", None)
+        if subscribed is not None and subscribed.is_set():
+            break
+        if waker is not None and subscribed is None:
+            await asyncio.sleep(0.5)
+            break
+        await asyncio.sleep(0.005)
+    print("ready", flush=True)
+    await task
+
+
+def main() -> None:
+    args = parse_args()
+    queue = Queue(args.queue, url=args.url)
+    worker = Worker(queue, concurrency=args.concurrency, lease=args.lease)
+    rec = Recorder(keep_lateness=args.record == "lateness")
+
+    if args.mode == "async":
+
+        @worker.handler(args.kind)
+        async def noop_async(task: Task) -> None:
+            rec.note(task)
+
+    else:
+
+        @worker.handler(args.kind)
+        def noop_sync(task: Task) -> None:
+            rec.note(task)
+
+    def hard_exit() -> None:
+        os._exit(3)  # stop did not finish in time: never linger
+
+    def request_stop() -> None:
+        worker.stop()
+        t = threading.Timer(60, hard_exit)
+        t.daemon = True
+        t.start()
+
+    def watch_stdin() -> None:
+        # Raw reads on fd 0 (not sys.stdin's buffered reader, whose lock a daemon thread
+        # would still hold at interpreter shutdown).
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        request_stop()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    limit = threading.Timer(args.max_seconds, request_stop)
+    limit.daemon = True
+    limit.start()
+
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        asyncio.run(serve(worker))
+        prof.disable()
+        prof.dump_stats(args.profile)
+    else:
+        asyncio.run(serve(worker))
+    queue.close()
+    with open(args.out, "w") as f:
+        json.dump(rec.report(), f)
+
+
+if __name__ == "__main__":
+    main()
