@@ -56,8 +56,8 @@ def one(rep: Report, flavour: str, ids: str, n: int) -> None:
                 )
                 for i in range(n)
             ]
-            record = len(q.core.encode_task(specs[0])[2])
-            id_len = len(q.core.encode_task(specs[0])[0])
+            record = len(q.core.encode_tasks(specs[:1])[1][2])
+            id_len = len(q.core.encode_tasks(specs[:1])[0][0])
             q.schedule_many(specs)
             keys = q.core.keys
         time.sleep(0.5)  # let the server free the producer's connection and buffers

@@ -35,6 +35,14 @@ class QueueKeys:
     shard: str
     prefix: str = DEFAULT_PREFIX
 
+    def names(self, attributes: tuple[str, ...]) -> list[str]:
+        """Key names for a script's KEYS header, cached: this runs on every call."""
+        cache: dict[tuple[str, ...], list[str]] = self.__dict__.setdefault("_names", {})
+        names = cache.get(attributes)
+        if names is None:
+            names = cache[attributes] = [getattr(self, a) for a in attributes]
+        return list(names)
+
     @property
     def base(self) -> str:
         return f"{self.prefix}:{{{self.shard}}}"

@@ -46,8 +46,10 @@ class Script:
             )
         if rest and self.variadic is None:
             raise TypeError(f"{self.name}.lua takes no variadic arguments")
-        key_list = [getattr(keys, name) for name in self.key_names]
-        return key_list, [args[name] for name in self.arg_names] + list(rest or [])
+        argv: list[Arg] = [args[name] for name in self.arg_names]
+        if rest:
+            argv += rest
+        return keys.names(self.key_names), argv
 
 
 def parse_header(name: str, text: str) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
