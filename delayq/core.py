@@ -245,26 +245,29 @@ class QueueCore:
     ) -> TaskInfo:
         """Build a TaskInfo from what the scripts return; an undecodable record still shows."""
         last_error = _s(err) if err else None
+        when = ms_to_datetime(score)
         try:
             header, data = split_record(record)
         except RecordError as e:
+            # Still show what the sets know: when it died, is due, or its lease ends.
             return TaskInfo(
-                task_id,
-                "?",
-                None,
-                _state(state),
-                None,
-                0,
-                0,
-                last_error or str(e),
-                None,
+                id=task_id,
+                kind="?",
+                payload=None,
+                state=_state(state),
+                due_at=when if state == "scheduled" else None,
+                attempts=0,
+                max_attempts=0,
+                last_error=last_error or str(e),
+                created_at=None,
+                lease_deadline=when if state == "active" else None,
+                finished_at=when if state in ("done", "dead") else None,
                 queue=self.name,
             )
         try:
             payload = decode_payload(header, data, self.codecs)
         except RecordError as e:
             payload, last_error = None, last_error or str(e)
-        when = ms_to_datetime(score)
         return TaskInfo(
             id=task_id,
             kind=header.kind,

@@ -29,23 +29,26 @@ if limit > 0 then
   local lease = tonumber(A.lease_ms)
   for i = 1, #due, 2 do
     local id, at = due[i], tonumber(due[i + 1])
-    redis.call('ZREM', K.scheduled, id)
+    -- Build the new record before the task leaves the scheduled set: a script error after
+    -- that point would leave it in no set at all.
     local rec = redis.call('HGET', K.tasks, id)
-    if rec then
-      local h, payload = dq_split(rec)
-      if h then
-        token = token + 1
-        h.a = h.a + 1
-        h.t = token
-        h.d = at
-        rec = dq_join(h, payload)
-        redis.call('HSET', K.tasks, id, rec)
-        redis.call('ZADD', K.active, math.max(now, at) + lease, id)
-        out[#out + 1] = id
-        out[#out + 1] = rec
-      else
-        dq_bury(K, id, now, 'record cannot be decoded (corrupt or written by another program)')
-      end
+    local h, payload, new = nil, nil, nil
+    if rec then h, payload = dq_split(rec) end
+    if h then
+      token = token + 1
+      h.a = h.a + 1
+      h.t = token
+      h.d = at
+      new = dq_join(h, payload)
+    end
+    redis.call('ZREM', K.scheduled, id)
+    if new then
+      redis.call('HSET', K.tasks, id, new)
+      redis.call('ZADD', K.active, math.max(now, at) + lease, id)
+      out[#out + 1] = id
+      out[#out + 1] = new
+    elseif rec then
+      dq_bury(K, id, now, 'record cannot be decoded (corrupt or written by another program)')
     end
   end
 end

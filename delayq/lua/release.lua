@@ -18,9 +18,13 @@ local n = 0
 for i = REST, #ARGV, 2 do
   local id = ARGV[i]
   local h, payload = dq_holds(K, id, ARGV[i + 1], now)
+  local new = nil
   if h then
     h.a = math.max(h.a - 1, 0)
-    redis.call('HSET', K.tasks, id, dq_join(h, payload))
+    new = dq_join(h, payload)
+  end
+  if new then
+    redis.call('HSET', K.tasks, id, new)
     min_due = dq_requeue(K, id, tonumber(h.d) or now, min_due)
     n = n + 1
   else

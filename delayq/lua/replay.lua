@@ -18,19 +18,19 @@ end
 local old_head = dq_head(K.scheduled)
 local n = 0
 for _, id in ipairs(ids) do
-  if redis.call('ZREM', K.dead, id) == 1 then
-    local rec = redis.call('HGET', K.tasks, id)
-    local h, payload = nil, nil
-    if rec then h, payload = dq_split(rec) end
-    if h then
-      h.a = 0
-      redis.call('HSET', K.tasks, id, dq_join(h, payload))
-      redis.call('ZADD', K.scheduled, now, id)
-      n = n + 1
-    else
-      -- Nothing runnable to replay: keep it dead rather than lose the evidence.
-      redis.call('ZADD', K.dead, now, id)
-    end
+  local rec = redis.call('ZSCORE', K.dead, id) and redis.call('HGET', K.tasks, id)
+  local h, payload, new = nil, nil, nil
+  if rec then h, payload = dq_split(rec) end
+  if h then
+    h.a = 0
+    new = dq_join(h, payload)
+  end
+  -- Nothing runnable to replay stays dead, evidence intact.
+  if new then
+    redis.call('ZREM', K.dead, id)
+    redis.call('HSET', K.tasks, id, new)
+    redis.call('ZADD', K.scheduled, now, id)
+    n = n + 1
   end
 end
 if n > 0 then

@@ -37,7 +37,10 @@ for i = REST, #ARGV, 3 do
   elseif redis.call('ZSCORE', K.active, id) then
     status = 0
   elseif redis.call('ZSCORE', K.scheduled, id) then
-    if replace then put(id, due, rec); status = 2 end
+    if replace then
+      redis.call('HDEL', K.errors, id)  -- a new incarnation starts with a clean slate
+      put(id, due, rec); status = 2
+    end
   else
     local finished = redis.call('ZSCORE', K.done, id)
     local dead = redis.call('ZSCORE', K.dead, id)

@@ -15,21 +15,30 @@ local function dq_due(spec, now)
 end
 
 -- A record is "<json header>\n<payload>". Returns header table (nil if undecodable), payload.
+-- A header with an infinite or NaN number counts as undecodable: it could not be written back.
 local function dq_split(rec)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end
+  local payload = string.sub(rec, nl + 1)
   local ok, h = pcall(cjson.decode, string.sub(rec, 1, nl - 1))
-  if not ok or type(h) ~= 'table' or type(h.k) ~= 'string' then
-    return nil, string.sub(rec, nl + 1)
-  end
+  if not ok or type(h) ~= 'table' or type(h.k) ~= 'string' then return nil, payload end
   h.a = tonumber(h.a) or 0
   h.m = tonumber(h.m) or 0
   h.t = tonumber(h.t) or 0
-  return h, string.sub(rec, nl + 1)
+  for _, v in pairs(h) do
+    if type(v) == 'number' and (v ~= v or v == math.huge or v == -math.huge) then
+      return nil, payload
+    end
+  end
+  return h, payload
 end
 
+-- The record for a changed header, or nil when it cannot be encoded (a value nested in the
+-- header that cjson refuses). Callers encode before they move the task anywhere.
 local function dq_join(h, payload)
-  return cjson.encode(h) .. '\n' .. payload
+  local ok, head = pcall(cjson.encode, h)
+  if not ok then return nil end
+  return head .. '\n' .. payload
 end
 
 -- Earliest due time in the scheduled set, or false when it is empty.

@@ -1,0 +1,1233 @@
+"""Per-script tests: seed exact Redis state, run one operation, assert the exact state after.
+
+Asynq's ``rdb_test.go`` style. Each table row seeds the queue's sorted sets and hashes
+directly (key names from ``QueueKeys``, records from ``encode_record``), runs ONE builder
+through ``SyncRunner`` with an explicit ``now_ms`` so time is deterministic, and compares
+the reply and the whole resulting state: the four state ZSETs with scores, every record
+header, the errors hash and the stats counters. ``want=None`` means "nothing changed".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from delayq import Queue
+from delayq.codec import Header, RecordError, encode_record, split_record
+from delayq.core import Op, QueueCore, TaskSpec
+from delayq.keys import QueueKeys
+from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry
+from delayq.runner import SyncRunner
+from delayq.scripts import SCRIPTS, parse_header
+from delayq.timing import ms_to_datetime
+
+NOW = 1_700_000_000_000
+CREATED = NOW - 7_200_000
+LEASE = 30_000
+DEDUPE = 3_600_000  # the `queue` fixture's dedupe_window=3600 s, in ms
+STATES = ("scheduled", "active", "done", "dead")
+
+# Texts the scripts write into the errors hash.
+UNDECODABLE = "record cannot be decoded (corrupt or written by another program)"
+
+
+def reaped(attempt: int, *, dead: bool = False) -> str:
+    text = (
+        f"lease expired during attempt {attempt} "
+        "(the worker stopped, crashed or stalled past its lease)"
+    )
+    return text + "; no attempts left" if dead else text
+
+
+# -- records and queue state -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class T:
+    """A task record as the scripts see it: the header fields they change, and the payload."""
+
+    kind: str = "job"
+    payload: bytes = b'"old"'
+    a: int = 0
+    m: int = 0
+    t: int = 0
+    d: int | None = None
+
+    def record(self) -> bytes:
+        """Built like a producer does (encode_record), then changed like claim would."""
+        rec = encode_record(
+            self.kind, self.payload, max_attempts=self.m, created_ms=CREATED, fmt="json"
+        )
+        changed = {k: v for k, v in {"a": self.a, "t": self.t, "d": self.d}.items() if v}
+        if not changed:
+            return rec
+        head, _, payload = rec.partition(b"\n")
+        header = json.loads(head) | changed
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+    @classmethod
+    def of(cls, header: Header, payload: bytes) -> T:
+        return cls(
+            header.kind, payload, header.attempts, header.max_attempts, header.token, header.due_ms
+        )
+
+    @classmethod
+    def read(cls, record: bytes) -> T | bytes:
+        """An undecodable record reads back as its raw bytes."""
+        try:
+            return cls.of(*split_record(record))
+        except RecordError:
+            return record
+
+
+NEW = T(payload=b'"new"')  # what `spec()` schedules
+LEASED = T(a=1, t=7, d=NOW - 5_000)  # first attempt, lease token 7
+
+
+@dataclass
+class S:
+    """The whole state of one queue shard."""
+
+    scheduled: dict[str, int] = field(default_factory=dict)
+    active: dict[str, int] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
+    dead: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, T | bytes] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def seed(r: redis.Redis, k: QueueKeys, s: S) -> None:
+    pipe = r.pipeline(transaction=False)
+    for name in STATES:
+        if zset := getattr(s, name):
+            pipe.zadd(getattr(k, name), zset)
+    if s.tasks:
+        pipe.hset(
+            k.tasks, mapping={i: t.record() if isinstance(t, T) else t for i, t in s.tasks.items()}
+        )
+    if s.errors:
+        pipe.hset(k.errors, mapping=s.errors)
+    if s.stats:
+        pipe.hset(k.stats, mapping=s.stats)
+    pipe.execute()
+
+
+def read_state(r: redis.Redis, k: QueueKeys) -> S:
+    pipe = r.pipeline(transaction=False)
+    for name in STATES:
+        pipe.zrange(getattr(k, name), 0, -1, withscores=True)
+    pipe.hgetall(k.tasks).hgetall(k.errors).hgetall(k.stats)
+    *zsets, tasks, errors, stats = pipe.execute()
+    return S(
+        *({i.decode(): int(score) for i, score in z} for z in zsets),
+        tasks={i.decode(): T.read(rec) for i, rec in tasks.items()},
+        errors={i.decode(): e.decode() for i, e in errors.items()},
+        stats={c.decode(): int(v) for c, v in stats.items()},
+    )
+
+
+# -- operations --------------------------------------------------------------------------
+
+
+def spec(
+    task_id: str, *, m: int = 0, delay: float | None = None, at_ms: int | None = None
+) -> TaskSpec:
+    at = None if at_ms is None else at_ms / 1000
+    return TaskSpec("job", "new", delay=delay, at=at, task_id=task_id, max_attempts=m)
+
+
+def statuses(op: Op[Any]) -> Op[list[int]]:
+    """schedule's parser returns the ids; tests want the script's per-task status."""
+    return dc_replace(op, parse=lambda reply: [int(x) for x in reply])
+
+
+def claimed(op: Op[ClaimResult]) -> Op[tuple[Any, ...]]:
+    def parse(reply: Any) -> tuple[Any, ...]:
+        r = op.parse(reply)
+        return (
+            r.now_ms,
+            r.next_due_ms,
+            r.next_lease_ms,
+            [(t.id, T.of(t.header, t.payload)) for t in r.tasks],
+        )
+
+    return dc_replace(op, parse=parse)
+
+
+Build = Callable[[QueueCore], Op[Any]]
+
+
+def sched(*specs: TaskSpec, replace: bool = False) -> Build:
+    return lambda c: statuses(c.schedule(list(specs), replace=replace, now_ms=NOW))
+
+
+def claim_op(limit: int = 10, lookahead: int = 0, reap_limit: int = 100) -> Build:
+    return lambda c: claimed(
+        claim(
+            c,
+            limit=limit,
+            lease_ms=LEASE,
+            lookahead_ms=lookahead,
+            reap_limit=reap_limit,
+            now_ms=NOW,
+        )
+    )
+
+
+def no_dedupe(c: QueueCore) -> QueueCore:
+    """The same queue shard, configured to forget finished tasks at once."""
+    return QueueCore(c.name, prefix=c.keys.prefix, dedupe_window=0)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    seed: S
+    op: Build
+    reply: Any
+    want: S | None = None  # None: the operation changes nothing
+    bug: str | None = None  # a known delayq bug: the row is a strict xfail
+
+
+def table(*cases: Case) -> list[Any]:
+    return [
+        pytest.param(
+            c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.bug)] if c.bug else []
+        )
+        for c in cases
+    ]
+
+
+def check(queue: Queue, case: Case) -> None:
+    r, k = queue.client, queue.core.keys
+    assert queue.core.dedupe_ms == DEDUPE, "the tables assume the queue fixture's window"
+    seed(r, k, case.seed)
+    assert read_state(r, k) == case.seed, "seeding is exact"
+    assert SyncRunner(r).run(case.op(queue.core)) == case.reply
+    assert read_state(r, k) == (case.seed if case.want is None else case.want)
+
+
+# -- schedule ----------------------------------------------------------------------------
+
+WAITING = S(scheduled={"a": NOW + 1_000}, tasks={"a": LEASED})  # waiting after a retry
+ACTIVE = S(active={"a": NOW + 1_000}, tasks={"a": LEASED})
+
+
+def done_at(ms: int) -> S:
+    return S(done={"a": ms}, tasks={"a": LEASED}, errors={"a": "flaky"})
+
+
+DEAD = S(dead={"a": NOW - 50}, tasks={"a": LEASED}, errors={"a": "fatal"})
+CREATED_A = S(scheduled={"a": NOW + 5_000}, tasks={"a": NEW}, stats={"scheduled": 1})
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "new id with relative delay is due at now+delay",
+            S(),
+            sched(spec("a", delay=5)),
+            [1],
+            CREATED_A,
+        ),
+        Case(
+            "new id with absolute at is due at that ms",
+            S(),
+            sched(spec("a", at_ms=NOW + 7_000)),
+            [1],
+            S(scheduled={"a": NOW + 7_000}, tasks={"a": NEW}, stats={"scheduled": 1}),
+        ),
+        Case(
+            "new id keeps its max_attempts and starts at attempt 0 token 0",
+            S(),
+            sched(spec("a", m=3)),
+            [1],
+            S(scheduled={"a": NOW}, tasks={"a": dc_replace(NEW, m=3)}, stats={"scheduled": 1}),
+        ),
+        Case("waiting id without replace is unchanged", WAITING, sched(spec("a", delay=5)), [0]),
+        Case(
+            "waiting id with replace gets the new due and a fresh record",
+            WAITING,
+            sched(spec("a", delay=5), replace=True),
+            [2],
+            CREATED_A,
+        ),
+        Case(
+            "waiting id replaced drops the old incarnation's last error",
+            dc_replace(WAITING, errors={"a": "old failure"}),
+            sched(spec("a", delay=5), replace=True),
+            [2],
+            CREATED_A,
+        ),
+        Case("active id is untouched", ACTIVE, sched(spec("a", delay=5)), [0]),
+        Case(
+            "active id is untouched even with replace",
+            ACTIVE,
+            sched(spec("a", delay=5), replace=True),
+            [0],
+        ),
+        Case(
+            "done id within the dedupe window is unchanged",
+            done_at(NOW - 1_000),
+            sched(spec("a", delay=5)),
+            [0],
+        ),
+        Case(
+            "done id exactly dedupe_ms ago still counts as a duplicate",
+            done_at(NOW - DEDUPE),
+            sched(spec("a", delay=5)),
+            [0],
+        ),
+        Case(
+            "done id past the dedupe window is re-created without its old error",
+            done_at(NOW - DEDUPE - 1),
+            sched(spec("a", delay=5)),
+            [1],
+            CREATED_A,
+        ),
+        Case(
+            "done id within the window is re-created with replace",
+            done_at(NOW - 1_000),
+            sched(spec("a", delay=5), replace=True),
+            [2],
+            CREATED_A,
+        ),
+        Case("dead id is unchanged without replace", DEAD, sched(spec("a", delay=5)), [0]),
+        Case(
+            "dead id is re-created with replace, its reason dropped",
+            DEAD,
+            sched(spec("a", delay=5), replace=True),
+            [2],
+            CREATED_A,
+        ),
+        Case(
+            "a record in no state set is re-created rather than stranded",
+            S(tasks={"a": LEASED}),
+            sched(spec("a", delay=5)),
+            [1],
+            CREATED_A,
+        ),
+        Case(
+            "a batch reports one status per task and counts only the created",
+            WAITING,
+            sched(spec("a", delay=5), spec("b", delay=2)),
+            [0, 1],
+            S(
+                scheduled={"a": NOW + 1_000, "b": NOW + 2_000},
+                tasks={"a": LEASED, "b": NEW},
+                stats={"scheduled": 1},
+            ),
+        ),
+    ),
+)
+def test_schedule_creates_replaces_or_keeps_by_current_state(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+# -- claim -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "claims only tasks due by now+lookahead, oldest first, lease from the later of "
+            "now and due",
+            S(
+                scheduled={"a": NOW - 10, "b": NOW, "c": NOW + 50, "d": NOW + 51},
+                tasks={i: T() for i in "abcd"},
+            ),
+            claim_op(lookahead=50),
+            (
+                NOW,
+                NOW + 51,
+                NOW + LEASE,
+                [
+                    ("a", T(a=1, t=1, d=NOW - 10)),
+                    ("b", T(a=1, t=2, d=NOW)),
+                    ("c", T(a=1, t=3, d=NOW + 50)),
+                ],
+            ),
+            S(
+                scheduled={"d": NOW + 51},
+                active={"a": NOW + LEASE, "b": NOW + LEASE, "c": NOW + 50 + LEASE},
+                tasks={
+                    "a": T(a=1, t=1, d=NOW - 10),
+                    "b": T(a=1, t=2, d=NOW),
+                    "c": T(a=1, t=3, d=NOW + 50),
+                    "d": T(),
+                },
+                stats={"claim_seq": 3},
+            ),
+        ),
+        Case(
+            "without lookahead a task due 1 ms from now is not claimed",
+            S(scheduled={"a": NOW + 1}, tasks={"a": T()}),
+            claim_op(),
+            (NOW, NOW + 1, None, []),
+        ),
+        Case(
+            "limit caps the batch",
+            S(scheduled={"a": NOW - 3, "b": NOW - 2, "c": NOW - 1}, tasks={i: T() for i in "abc"}),
+            claim_op(limit=2),
+            (
+                NOW,
+                NOW - 1,
+                NOW + LEASE,
+                [("a", T(a=1, t=1, d=NOW - 3)), ("b", T(a=1, t=2, d=NOW - 2))],
+            ),
+            S(
+                scheduled={"c": NOW - 1},
+                active={"a": NOW + LEASE, "b": NOW + LEASE},
+                tasks={"a": T(a=1, t=1, d=NOW - 3), "b": T(a=1, t=2, d=NOW - 2), "c": T()},
+                stats={"claim_seq": 2},
+            ),
+        ),
+        Case(
+            "attempt counts up and the token continues the queue's claim sequence",
+            S(
+                scheduled={"a": NOW - 1},
+                tasks={"a": T(a=2, m=5, t=17, d=NOW - 9_000)},
+                errors={"a": "boom"},
+                stats={"claim_seq": 41},
+            ),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("a", T(a=3, m=5, t=42, d=NOW - 1))]),
+            S(
+                active={"a": NOW + LEASE},
+                tasks={"a": T(a=3, m=5, t=42, d=NOW - 1)},
+                errors={"a": "boom"},
+                stats={"claim_seq": 42},
+            ),
+        ),
+        Case(
+            "an expired lease is reaped first and re-claimed in the same call, attempt counted",
+            S(
+                scheduled={"y": NOW - 100},
+                active={"x": NOW - 1},
+                tasks={"x": T(a=1, t=5, d=NOW - LEASE - 1), "y": T()},
+            ),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("y", T(a=1, t=1, d=NOW - 100)), ("x", T(a=2, t=2, d=NOW))]),
+            S(
+                active={"x": NOW + LEASE, "y": NOW + LEASE},
+                tasks={"x": T(a=2, t=2, d=NOW), "y": T(a=1, t=1, d=NOW - 100)},
+                errors={"x": reaped(1)},
+                stats={"leases_expired": 1, "claim_seq": 2},
+            ),
+        ),
+        Case(
+            "a lease ending exactly now is reaped (limit 0 only reaps)",
+            S(active={"x": NOW}, tasks={"x": LEASED}),
+            claim_op(limit=0),
+            (NOW, NOW, None, []),
+            S(
+                scheduled={"x": NOW},
+                tasks={"x": LEASED},
+                errors={"x": reaped(1)},
+                stats={"leases_expired": 1},
+            ),
+        ),
+        Case(
+            "a lease still running is not reaped",
+            S(active={"x": NOW + 1}, tasks={"x": LEASED}),
+            claim_op(),
+            (NOW, None, NOW + 1, []),
+        ),
+        Case(
+            "reaping a task whose attempts are spent (m>0, a>=m) buries it",
+            S(active={"x": NOW - 1}, tasks={"x": T(a=2, m=2, t=5, d=NOW - 40_000)}),
+            claim_op(),
+            (NOW, None, None, []),
+            S(
+                dead={"x": NOW},
+                tasks={"x": T(a=2, m=2, t=5, d=NOW - 40_000)},
+                errors={"x": reaped(2, dead=True)},
+                stats={"dead": 1, "leases_expired": 1},
+            ),
+        ),
+        Case(
+            "reaping a task with attempts left (a<m) re-claims it for its last attempt",
+            S(active={"x": NOW - 1}, tasks={"x": T(a=1, m=2, t=5, d=NOW - 40_000)}),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("x", T(a=2, m=2, t=1, d=NOW))]),
+            S(
+                active={"x": NOW + LEASE},
+                tasks={"x": T(a=2, m=2, t=1, d=NOW)},
+                errors={"x": reaped(1)},
+                stats={"leases_expired": 1, "claim_seq": 1},
+            ),
+        ),
+        Case(
+            "reap_limit caps how many expired leases one claim reaps",
+            S(active={"x": NOW - 2, "y": NOW - 1}, tasks={"x": LEASED, "y": LEASED}),
+            claim_op(limit=0, reap_limit=1),
+            (NOW, NOW, NOW - 1, []),
+            S(
+                scheduled={"x": NOW},
+                active={"y": NOW - 1},
+                tasks={"x": LEASED, "y": LEASED},
+                errors={"x": reaped(1)},
+                stats={"leases_expired": 1},
+            ),
+        ),
+        Case(
+            "undecodable records go to dead with a reason and the rest is still claimed",
+            S(
+                scheduled={"nohead": NOW - 2, "nokind": NOW - 1, "good": NOW},
+                tasks={
+                    "nohead": b"junk without a header line",
+                    "nokind": b'{"a":1}\n{}',
+                    "good": T(),
+                },
+            ),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("good", T(a=1, t=1, d=NOW))]),
+            S(
+                active={"good": NOW + LEASE},
+                dead={"nohead": NOW, "nokind": NOW},
+                tasks={
+                    "nohead": b"junk without a header line",
+                    "nokind": b'{"a":1}\n{}',
+                    "good": T(a=1, t=1, d=NOW),
+                },
+                errors={"nohead": UNDECODABLE, "nokind": UNDECODABLE},
+                stats={"dead": 2, "claim_seq": 3},
+            ),
+        ),
+        Case(
+            "a non-ASCII kind survives claim's header rewrite",
+            S(scheduled={"a": NOW}, tasks={"a": T(kind="commande.créée/✓😀")}),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("a", T(kind="commande.créée/✓😀", a=1, t=1, d=NOW))]),
+            S(
+                active={"a": NOW + LEASE},
+                tasks={"a": T(kind="commande.créée/✓😀", a=1, t=1, d=NOW)},
+                stats={"claim_seq": 1},
+            ),
+        ),
+    ),
+)
+def test_claim_leases_due_tasks_after_reaping_expired_ones(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+def test_claim_tokens_increase_across_calls(queue: Queue) -> None:
+    """Fencing needs every token ever handed out to be new, also across claims."""
+    r, k, run = queue.client, queue.core.keys, SyncRunner(queue.client).run
+    seed(r, k, S(scheduled={"a": NOW, "b": NOW + 1, "c": NOW + 2}, tasks={i: T() for i in "abc"}))
+    tokens = [
+        t.token
+        for ms in (NOW, NOW + 1, NOW + 2)
+        for t in run(claim(queue.core, limit=1, lease_ms=LEASE, now_ms=ms)).tasks
+    ]
+    assert tokens == [1, 2, 3]
+
+
+# Headers Lua's cjson decodes but cannot encode again (a non-finite number).
+CREATED_INF = pytest.param(b'{"k":"job","a":0,"m":0,"t":0,"c":1e999}\n{}', id="created-1e999")
+MAX_NAN = pytest.param(b'{"k":"job","a":0,"m":"nan","t":0}\n{}', id="max-attempts-nan")
+ATTEMPTS_INF = pytest.param(b'{"k":"job","a":"inf","m":0,"t":0}\n{}', id="attempts-inf")
+
+
+@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, ATTEMPTS_INF])
+def test_claim_buries_a_header_it_cannot_rewrite_and_loses_nothing(
+    queue: Queue, record: bytes
+) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(scheduled={"bad": NOW - 1, "good": NOW}, tasks={"bad": record, "good": T()}))
+    result = SyncRunner(r).run(claim(queue.core, limit=10, lease_ms=LEASE, now_ms=NOW))
+    assert [t.id for t in result.tasks] == ["good"]
+    after = read_state(r, k)
+    assert after.dead == {"bad": NOW} and "bad" in after.errors
+    assert after.active == {"good": NOW + LEASE}
+
+
+# -- ack ---------------------------------------------------------------------------------
+
+
+def ack_op(
+    *leases: tuple[str, int],
+    discarded: bool = False,
+    trim_limit: int = 20,
+    core: Callable[[QueueCore], QueueCore] = lambda c: c,
+) -> Build:
+    return lambda c: ack(
+        core(c), list(leases), discarded=discarded, trim_limit=trim_limit, now_ms=NOW
+    )
+
+
+OLD_DONE = S(  # finished records around the trim edge, plus a leased task to ack
+    done={"o1": NOW - DEDUPE - 5, "o2": NOW - DEDUPE, "o3": NOW - DEDUPE + 1},
+    active={"a": NOW + 1_000},
+    tasks={"o1": LEASED, "o2": LEASED, "o3": LEASED, "a": LEASED},
+    errors={"o1": "flaky"},
+)
+ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "the right token moves the task to done at now and counts succeeded",
+            ACTIVE,
+            ack_op(("a", 7)),
+            [],
+            ACKED,
+        ),
+        Case(
+            "discarded=True counts discarded instead",
+            ACTIVE,
+            ack_op(("a", 7), discarded=True),
+            [],
+            S(done={"a": NOW}, tasks={"a": LEASED}, stats={"discarded": 1}),
+        ),
+        Case("a wrong token is refused and nothing changes", ACTIVE, ack_op(("a", 8)), ["a"]),
+        Case(
+            "an expired lease is refused even before it is reaped",
+            S(active={"a": NOW - 1}, tasks={"a": LEASED}),
+            ack_op(("a", 7)),
+            ["a"],
+        ),
+        Case(
+            "a lease ending exactly now still acks",
+            S(active={"a": NOW}, tasks={"a": LEASED}),
+            ack_op(("a", 7)),
+            [],
+            ACKED,
+        ),
+        Case(
+            "a waiting task is refused even with its last token", WAITING, ack_op(("a", 7)), ["a"]
+        ),
+        Case("an unknown id is refused", S(), ack_op(("nope", 1)), ["nope"]),
+        Case(
+            "dedupe window 0 deletes the record and its last error",
+            dc_replace(ACTIVE, errors={"a": "flaky"}),
+            ack_op(("a", 7), core=no_dedupe),
+            [],
+            S(stats={"succeeded": 1}),
+        ),
+        Case(
+            "done records at or past the window are trimmed with their errors",
+            OLD_DONE,
+            ack_op(("a", 7)),
+            [],
+            S(
+                done={"o3": NOW - DEDUPE + 1, "a": NOW},
+                tasks={"o3": LEASED, "a": LEASED},
+                stats={"succeeded": 1},
+            ),
+        ),
+        Case(
+            "trim_limit caps the trimming, oldest first",
+            OLD_DONE,
+            ack_op(("a", 7), trim_limit=1),
+            [],
+            S(
+                done={"o2": NOW - DEDUPE, "o3": NOW - DEDUPE + 1, "a": NOW},
+                tasks={"o2": LEASED, "o3": LEASED, "a": LEASED},
+                stats={"succeeded": 1},
+            ),
+        ),
+        Case(
+            "a refused ack still trims old done records",
+            OLD_DONE,
+            ack_op(("a", 99)),
+            ["a"],
+            S(
+                done={"o3": NOW - DEDUPE + 1},
+                active={"a": NOW + 1_000},
+                tasks={"o3": LEASED, "a": LEASED},
+            ),
+        ),
+        Case(
+            "a batch acks the held lease and refuses the stale one",
+            S(
+                active={"a": NOW + 1_000, "b": NOW + 1_000},
+                tasks={"a": LEASED, "b": dc_replace(LEASED, t=8)},
+            ),
+            ack_op(("a", 7), ("b", 7)),
+            ["b"],
+            S(
+                done={"a": NOW},
+                active={"b": NOW + 1_000},
+                tasks={"a": LEASED, "b": dc_replace(LEASED, t=8)},
+                stats={"succeeded": 1},
+            ),
+        ),
+    ),
+)
+def test_ack_finishes_only_held_leases_and_trims_done(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+# -- retry, bury, release, extend --------------------------------------------------------
+
+
+def retry_op(*items: tuple[str, int, str, str]) -> Build:
+    return lambda c: retry(c, list(items), now_ms=NOW)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "relative due: scheduled at now+delay with the error, header untouched",
+            ACTIVE,
+            retry_op(("a", 7, "+2000", "boom")),
+            [],
+            S(
+                scheduled={"a": NOW + 2_000},
+                tasks={"a": LEASED},
+                errors={"a": "boom"},
+                stats={"retried": 1},
+            ),
+        ),
+        Case(
+            "absolute due is taken as given",
+            ACTIVE,
+            retry_op(("a", 7, str(NOW + 9_999), "boom")),
+            [],
+            S(
+                scheduled={"a": NOW + 9_999},
+                tasks={"a": LEASED},
+                errors={"a": "boom"},
+                stats={"retried": 1},
+            ),
+        ),
+        Case(
+            "the new error replaces the previous one",
+            dc_replace(ACTIVE, errors={"a": "first"}),
+            retry_op(("a", 7, "+0", "second")),
+            [],
+            S(
+                scheduled={"a": NOW},
+                tasks={"a": LEASED},
+                errors={"a": "second"},
+                stats={"retried": 1},
+            ),
+        ),
+        Case(
+            "an error longer than 8192 characters is cut with an ellipsis",
+            ACTIVE,
+            retry_op(("a", 7, "+0", "x" * 9_000)),
+            [],
+            S(
+                scheduled={"a": NOW},
+                tasks={"a": LEASED},
+                errors={"a": "x" * 8_192 + "..."},
+                stats={"retried": 1},
+            ),
+        ),
+        Case("a wrong token is refused", ACTIVE, retry_op(("a", 6, "+0", "boom")), ["a"]),
+        Case(
+            "an expired lease is refused",
+            S(active={"a": NOW - 1}, tasks={"a": LEASED}),
+            retry_op(("a", 7, "+0", "boom")),
+            ["a"],
+        ),
+    ),
+)
+def test_retry_reschedules_held_tasks_with_their_error(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+def bury_op(*items: tuple[str, int, str]) -> Build:
+    return lambda c: bury(c, list(items), now_ms=NOW)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "the right token moves the task to dead at now with the reason, record kept",
+            ACTIVE,
+            bury_op(("a", 7, "fatal: bad input")),
+            [],
+            S(
+                dead={"a": NOW},
+                tasks={"a": LEASED},
+                errors={"a": "fatal: bad input"},
+                stats={"dead": 1},
+            ),
+        ),
+        Case("a wrong token is refused", ACTIVE, bury_op(("a", 8, "fatal")), ["a"]),
+        Case(
+            "an expired lease is refused",
+            S(active={"a": NOW - 1}, tasks={"a": LEASED}),
+            bury_op(("a", 7, "fatal")),
+            ["a"],
+        ),
+    ),
+)
+def test_bury_moves_held_tasks_to_dead_with_reason(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+def release_op(*leases: tuple[str, int]) -> Build:
+    return lambda c: release(c, list(leases), now_ms=NOW)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "the attempt is given back and the task keeps its due time",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=2, t=7, d=NOW - 5_000)}),
+            release_op(("a", 7)),
+            [],
+            S(
+                scheduled={"a": NOW - 5_000},
+                tasks={"a": T(a=1, t=7, d=NOW - 5_000)},
+                stats={"released": 1},
+            ),
+        ),
+        Case(
+            "the attempt count never goes below zero",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=0, t=7, d=NOW - 5_000)}),
+            release_op(("a", 7)),
+            [],
+            S(
+                scheduled={"a": NOW - 5_000},
+                tasks={"a": T(a=0, t=7, d=NOW - 5_000)},
+                stats={"released": 1},
+            ),
+        ),
+        Case(
+            "a record without a due time is due now",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=1, t=7)}),
+            release_op(("a", 7)),
+            [],
+            S(scheduled={"a": NOW}, tasks={"a": T(a=0, t=7)}, stats={"released": 1}),
+        ),
+        Case("a wrong token is refused", ACTIVE, release_op(("a", 8)), ["a"]),
+    ),
+)
+def test_release_returns_held_tasks_unrun(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "only held leases move to now+lease; stale, expired and waiting ones are lost",
+            S(
+                scheduled={"d": NOW - 1},
+                active={"a": NOW + 1_000, "b": NOW + 1_000, "c": NOW - 1},
+                tasks={
+                    "a": LEASED,
+                    "b": dc_replace(LEASED, t=8),
+                    "c": dc_replace(LEASED, t=9),
+                    "d": dc_replace(LEASED, t=10),
+                },
+            ),
+            lambda c: extend(
+                c, [("a", 7), ("b", 99), ("c", 9), ("d", 10)], lease_ms=5_000, now_ms=NOW
+            ),
+            ["b", "c", "d"],
+            S(
+                scheduled={"d": NOW - 1},
+                active={"a": NOW + 5_000, "b": NOW + 1_000, "c": NOW - 1},
+                tasks={
+                    "a": LEASED,
+                    "b": dc_replace(LEASED, t=8),
+                    "c": dc_replace(LEASED, t=9),
+                    "d": dc_replace(LEASED, t=10),
+                },
+            ),
+        ),
+    ),
+)
+def test_extend_pushes_only_held_leases(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+# -- cancel, reschedule ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "a waiting task is removed with its record and last error",
+            dc_replace(WAITING, errors={"a": "flaky"}),
+            lambda c: c.cancel("a"),
+            True,
+            S(stats={"cancelled": 1}),
+        ),
+        Case("an active task is left running", ACTIVE, lambda c: c.cancel("a"), False),
+        Case("a done task is left done", done_at(NOW - 1), lambda c: c.cancel("a"), False),
+        Case("a dead task is left dead", DEAD, lambda c: c.cancel("a"), False),
+        Case("an unknown id changes nothing", S(), lambda c: c.cancel("a"), False),
+    ),
+)
+def test_cancel_removes_only_waiting_tasks(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+def resched(delay: float | None = None, at_ms: int | None = None) -> Build:
+    at = None if at_ms is None else at_ms / 1000
+    return lambda c: c.reschedule("a", delay=delay, at=at, now_ms=NOW)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "a waiting task moves to now+delay, record untouched",
+            WAITING,
+            resched(delay=5),
+            True,
+            dc_replace(WAITING, scheduled={"a": NOW + 5_000}),
+        ),
+        Case(
+            "a waiting task moves to an absolute time",
+            WAITING,
+            resched(at_ms=NOW - 20),
+            True,
+            dc_replace(WAITING, scheduled={"a": NOW - 20}),
+        ),
+        Case("an active task is not moved", ACTIVE, resched(delay=5), False),
+        Case("a done task is not moved", done_at(NOW - 1), resched(delay=5), False),
+        Case("a dead task is not moved", DEAD, resched(delay=5), False),
+        Case("an unknown id is not created", S(), resched(delay=5), False),
+    ),
+)
+def test_reschedule_moves_only_waiting_tasks(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+# -- dead set: replay, purge -------------------------------------------------------------
+
+SPENT = T(a=3, m=3, t=9, d=NOW - 9_000)
+THREE_DEAD = S(
+    dead={"a": NOW - 300, "b": NOW - 200, "c": NOW - 100},
+    tasks={i: SPENT for i in "abc"},
+    errors={i: "fatal" for i in "abc"},
+)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "a dead task is due now with attempts reset, reason kept",
+            S(dead={"a": NOW - 100}, tasks={"a": SPENT}, errors={"a": "fatal"}),
+            lambda c: c.replay(["a"], now_ms=NOW),
+            1,
+            S(
+                scheduled={"a": NOW},
+                tasks={"a": dc_replace(SPENT, a=0)},
+                errors={"a": "fatal"},
+                stats={"replayed": 1},
+            ),
+        ),
+        Case(
+            "ids that are not dead are ignored",
+            S(scheduled={"w": NOW + 5}, active={"r": NOW + 5}, tasks={"w": T(), "r": LEASED}),
+            lambda c: c.replay(["w", "r", "nope"], now_ms=NOW),
+            0,
+        ),
+        Case(
+            "without ids the oldest dead tasks are replayed, up to limit",
+            THREE_DEAD,
+            lambda c: c.replay(limit=2, now_ms=NOW),
+            2,
+            S(
+                scheduled={"a": NOW, "b": NOW},
+                dead={"c": NOW - 100},
+                tasks={"a": dc_replace(SPENT, a=0), "b": dc_replace(SPENT, a=0), "c": SPENT},
+                errors={i: "fatal" for i in "abc"},
+                stats={"replayed": 2},
+            ),
+        ),
+        Case(
+            "an undecodable record stays dead, untouched, rather than be lost",
+            S(dead={"bad": NOW - 100}, tasks={"bad": b"junk"}, errors={"bad": UNDECODABLE}),
+            lambda c: c.replay(["bad"], now_ms=NOW),
+            0,
+            S(dead={"bad": NOW - 100}, tasks={"bad": b"junk"}, errors={"bad": UNDECODABLE}),
+        ),
+    ),
+)
+def test_replay_reschedules_dead_tasks_with_fresh_attempts(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN])  # replay resets "a" itself
+def test_replay_never_loses_a_dead_task_it_cannot_rewrite(queue: Queue, record: bytes) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(dead={"bad": NOW - 100}, tasks={"bad": record}))
+    SyncRunner(r).run(queue.core.replay(["bad"], now_ms=NOW))
+    after = read_state(r, k)
+    assert sum("bad" in getattr(after, state) for state in STATES) == 1
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "by ids: only dead ones are deleted, with record and reason",
+            dc_replace(THREE_DEAD, scheduled={"w": NOW}, tasks={**THREE_DEAD.tasks, "w": T()}),
+            lambda c: c.purge_dead(["a", "w", "nope"]),
+            1,
+            S(
+                scheduled={"w": NOW},
+                dead={"b": NOW - 200, "c": NOW - 100},
+                tasks={"b": SPENT, "c": SPENT, "w": T()},
+                errors={"b": "fatal", "c": "fatal"},
+            ),
+        ),
+        Case(
+            "by before_ms: only tasks that died strictly before it",
+            THREE_DEAD,
+            lambda c: c.purge_dead(before_ms=NOW - 200),
+            1,
+            S(
+                dead={"b": NOW - 200, "c": NOW - 100},
+                tasks={"b": SPENT, "c": SPENT},
+                errors={"b": "fatal", "c": "fatal"},
+            ),
+        ),
+        Case(
+            "with neither: the oldest, up to limit",
+            THREE_DEAD,
+            lambda c: c.purge_dead(limit=2),
+            2,
+            S(dead={"c": NOW - 100}, tasks={"c": SPENT}, errors={"c": "fatal"}),
+        ),
+    ),
+)
+def test_purge_deletes_dead_tasks_for_good(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+# -- reap, and the read-only scripts -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "expired leases go back to scheduled at now; live ones stay",
+            S(
+                active={"x": NOW - 1, "y": NOW + 1},
+                tasks={"x": LEASED, "y": dc_replace(LEASED, t=8)},
+            ),
+            lambda c: c.reap(now_ms=NOW),
+            1,
+            S(
+                scheduled={"x": NOW},
+                active={"y": NOW + 1},
+                tasks={"x": LEASED, "y": dc_replace(LEASED, t=8)},
+                errors={"x": reaped(1)},
+                stats={"leases_expired": 1},
+            ),
+        ),
+        Case(
+            "an expired lease with no attempts left goes to dead",
+            S(active={"x": NOW - 1}, tasks={"x": SPENT}),
+            lambda c: c.reap(now_ms=NOW),
+            1,
+            S(
+                dead={"x": NOW},
+                tasks={"x": SPENT},
+                errors={"x": reaped(3, dead=True)},
+                stats={"dead": 1, "leases_expired": 1},
+            ),
+        ),
+    ),
+)
+def test_reap_returns_expired_leases(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+MIXED = S(
+    scheduled={"w": NOW + 1_000, "late": NOW - 4_000},
+    active={"r": NOW + LEASE},
+    done={"f": NOW - 10},
+    dead={"x": NOW - 20, "y": NOW - 30},
+    tasks={"w": T(), "late": T(), "r": LEASED, "f": LEASED, "x": SPENT, "y": b"junk"},
+    errors={"x": "fatal", "y": UNDECODABLE},
+    stats={"succeeded": 4, "claim_seq": 9},
+)
+
+
+def when(ms: int) -> Any:
+    return ms_to_datetime(ms)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "want"),
+    [
+        ("w", ("scheduled", when(NOW + 1_000), None, None, 0, None)),
+        ("r", ("active", when(NOW - 5_000), when(NOW + LEASE), None, 1, None)),
+        ("f", ("done", when(NOW - 5_000), None, when(NOW - 10), 1, None)),
+        ("x", ("dead", when(NOW - 9_000), None, when(NOW - 20), 3, "fatal")),
+        ("nope", None),
+    ],
+)
+def test_get_reports_state_times_and_error_without_changing_anything(
+    queue: Queue, task_id: str, want: Any
+) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, MIXED)
+    info = SyncRunner(r).run(queue.core.get(task_id))
+    got = info and (
+        info.state,
+        info.due_at,
+        info.lease_deadline,
+        info.finished_at,
+        info.attempts,
+        info.last_error,
+    )
+    assert got == want
+    assert read_state(r, k) == MIXED
+
+
+def test_stats_counts_states_and_hides_the_claim_sequence(queue: Queue) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, MIXED)
+    s = SyncRunner(r).run(queue.core.stats(now_ms=NOW))
+    assert (s.scheduled, s.due, s.active, s.dead, s.done) == (2, 1, 1, 2, 1)
+    assert s.next_due_at == when(NOW - 4_000) and s.oldest_due_age == 4.0
+    assert s.next_lease_deadline == when(NOW + LEASE) and s.now == when(NOW)
+    assert s.counters == {"succeeded": 4}
+    assert read_state(r, k) == MIXED
+
+
+def test_dead_pages_newest_first_and_shows_undecodable_records(queue: Queue) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, MIXED)
+    run = SyncRunner(r).run
+    page = run(queue.core.dead(0, 10))
+    assert [(i.id, i.kind, i.state, i.last_error) for i in page] == [
+        ("x", "job", "dead", "fatal"),
+        ("y", "?", "dead", UNDECODABLE),
+    ]
+    assert page[0].finished_at == when(NOW - 20)
+    assert [i.id for i in run(queue.core.dead(1, 1))] == ["y"]
+    assert read_state(r, k) == MIXED
+
+
+def test_dead_shows_when_an_undecodable_task_died(queue: Queue) -> None:
+    seed(queue.client, queue.core.keys, MIXED)
+    page = SyncRunner(queue.client).run(queue.core.dead(1, 1))
+    assert [(i.id, i.finished_at) for i in page] == [("y", when(NOW - 30))]
+
+
+# -- script headers against the code -----------------------------------------------------
+
+
+def every_builder_once(core: QueueCore) -> list[Op[Any]]:
+    """One call of every builder; building it checks its args against the script header."""
+    return [
+        core.schedule([TaskSpec("job", task_id="a")], now_ms=NOW),
+        claim(core, limit=1, lease_ms=LEASE, now_ms=NOW),
+        ack(core, [("a", 1)], now_ms=NOW),
+        retry(core, [("a", 1, "+1", "e")], now_ms=NOW),
+        bury(core, [("a", 1, "r")], now_ms=NOW),
+        release(core, [("a", 1)], now_ms=NOW),
+        extend(core, [("a", 1)], lease_ms=LEASE, now_ms=NOW),
+        core.reap(now_ms=NOW),
+        core.cancel("a"),
+        core.reschedule("a", delay=1, now_ms=NOW),
+        core.replay(["a"], now_ms=NOW),
+        core.purge_dead(before_ms=NOW),
+        core.get("a"),
+        core.stats(now_ms=NOW),
+        core.dead(),
+    ]
+
+
+def lua_source(path: str) -> str:
+    return resources.files("delayq").joinpath("lua", path).read_text(encoding="utf-8")
+
+
+def lib_key_needs() -> dict[str, set[str]]:
+    """For each lib function taking a key table ``k``: the fields it reads, calls included."""
+    needs: dict[str, set[str]] = {}
+    calls: dict[str, set[str]] = {}
+    for lib in resources.files("delayq").joinpath("lua", "lib").iterdir():
+        text = lib.read_text(encoding="utf-8")
+        for m in re.finditer(r"^local function (\w+)\((.*?)^end$", text, re.M | re.S):
+            needs[m.group(1)] = set(re.findall(r"\bk\.(\w+)", m.group(2)))
+            calls[m.group(1)] = set(re.findall(r"\b(dq_\w+)\(k\b", m.group(2)))
+    for _ in needs:  # close over calls; depth is at most the number of functions
+        for fn, callees in calls.items():
+            for callee in callees:
+                needs[fn] |= needs[callee]
+    return needs
+
+
+def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) -> None:
+    core = queue.core
+    ops = every_builder_once(core)  # raises TypeError on any ARGV-name mismatch
+    assert {op.script.name for op in ops} == set(SCRIPTS), "every script has a builder"
+    needs = lib_key_needs()
+    for name, script in SCRIPTS.items():
+        for key in script.key_names:
+            assert isinstance(getattr(QueueKeys, key, None), property), (name, key)
+        body = lua_source(f"{name}.lua")
+        assert set(re.findall(r"\bK\.(\w+)", body)) <= set(script.key_names), name
+        assert set(re.findall(r"\bA\.(\w+)", body)) <= set(script.arg_names), name
+        for fn in re.findall(r"\b(dq_\w+)\(K\b", body):
+            assert needs[fn] <= set(script.key_names), (name, fn, needs[fn])
+    for op in ops:
+        assert op.keys == [getattr(core.keys, n) for n in op.script.key_names]
+        assert len(op.args) >= len(op.script.arg_names)
+        assert all(f"{{{core.name}}}" in key for key in op.keys), "one hash tag per call"
+    runner = SyncRunner(queue.client)
+    for op in ops:  # each script compiles and accepts the call it is built with
+        runner.run(op)
+
+
+def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
+    script, keys = SCRIPTS["cancel"], QueueKeys("q")
+    assert script.keys_and_args(keys, {"id": "a"}) == (
+        [keys.scheduled, keys.tasks, keys.errors, keys.stats],
+        ["a"],
+    )
+    for bad in ({}, {"id": "a", "extra": 1}):
+        with pytest.raises(TypeError):
+            script.keys_and_args(keys, bad)
+    with pytest.raises(TypeError):
+        script.keys_and_args(keys, {"id": "a"}, ["variadic"])
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param("-- KEYS[2] scheduled\n", id="keys-start-at-2"),
+        pytest.param("-- KEYS[1] scheduled\n-- KEYS[3] active\n", id="keys-skip-one"),
+        pytest.param("-- KEYS[1] scheduled\n-- KEYS[1] active\n", id="keys-repeat"),
+        pytest.param("-- ARGV[2] now\n", id="argv-start-at-2"),
+        pytest.param("-- ARGV[1] now\n-- ARGV[1] limit\n", id="argv-repeat"),
+        pytest.param(
+            "-- ARGV[1] now\n-- ARGV[2...] ids\n-- ARGV[3] late\n", id="argv-after-variadic"
+        ),
+    ],
+)
+def test_parse_header_refuses_numbering_out_of_order(header: str) -> None:
+    with pytest.raises(ValueError, match="out of order"):
+        parse_header("x", header)
+
+
+def test_parse_header_reads_names_in_order_and_stops_at_the_body() -> None:
+    text = (
+        "-- x: doc\n-- KEYS[1] scheduled\n-- KEYS[2] tasks\n-- ARGV[1] now  ms\n"
+        "-- ARGV[2...] ids  the rest\nlocal x = 1\n-- KEYS[3] late\n"
+    )
+    assert parse_header("x", text) == (("scheduled", "tasks"), ("now",), "ids")
