@@ -16,6 +16,8 @@ from .scripts import Arg
 
 Lease = tuple[str, int]
 
+MAX_CLAIM = 1000  # tasks per claim call: bounds the script's run time and its reply
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -71,7 +73,7 @@ def claim(
         {
             "now": _now_arg(now_ms),
             "lookahead_ms": lookahead_ms,
-            "limit": limit,
+            "limit": min(limit, MAX_CLAIM),
             "lease_ms": lease_ms,
             "reap_limit": reap_limit,
         },

@@ -14,30 +14,34 @@
 --@include lease
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
-local refused = {}
-local acked = 0
-for i = REST, #ARGV, 2 do
-  local id = ARGV[i]
-  if dq_holds(K, id, ARGV[i + 1], now) then
-    redis.call('ZREM', K.active, id)
-    if dedupe > 0 then
-      redis.call('ZADD', K.done, now, id)
-    else
-      redis.call('HDEL', K.tasks, id)
-      redis.call('HDEL', K.errors, id)
-    end
-    acked = acked + 1
+local ids, tokens = dq_columns(REST, 2)
+local heads = dq_held(K, ids, tokens, now, true)
+local refused, acked, scored = {}, {}, {}
+for j, id in ipairs(ids) do
+  if heads[j] then
+    acked[#acked + 1] = id
+    scored[#scored + 1] = now
+    scored[#scored + 1] = id
   else
     refused[#refused + 1] = id
   end
 end
-if acked > 0 then redis.call('HINCRBY', K.stats, A.counter, acked) end
+if #acked > 0 then
+  redis.call('ZREM', K.active, unpack(acked))
+  if dedupe > 0 then
+    redis.call('ZADD', K.done, unpack(scored))
+  else
+    redis.call('HDEL', K.tasks, unpack(acked))
+    redis.call('HDEL', K.errors, unpack(acked))
+  end
+  redis.call('HINCRBY', K.stats, A.counter, #acked)
+end
 
 -- Forget finished records whose dedupe window has passed, a few per call.
 local old = redis.call('ZRANGEBYSCORE', K.done, '-inf', now - dedupe, 'LIMIT', 0, tonumber(A.trim_limit))
-for _, id in ipairs(old) do
-  redis.call('ZREM', K.done, id)
-  redis.call('HDEL', K.tasks, id)
-  redis.call('HDEL', K.errors, id)
+if #old > 0 then
+  redis.call('ZREM', K.done, unpack(old))
+  redis.call('HDEL', K.tasks, unpack(old))
+  redis.call('HDEL', K.errors, unpack(old))
 end
 return refused

@@ -12,11 +12,12 @@
 --@include lease
 local now = dq_now(A.now)
 local refused = {}
-for i = REST, #ARGV, 3 do
-  local id = ARGV[i]
-  if dq_holds(K, id, ARGV[i + 1], now) then
+local ids, tokens, reasons = dq_columns(REST, 3)
+local heads = dq_held(K, ids, tokens, now, true)
+for j, id in ipairs(ids) do
+  if heads[j] then
     redis.call('ZREM', K.active, id)
-    dq_bury(K, id, now, ARGV[i + 2])
+    dq_bury(K, id, now, reasons[j])
   else
     refused[#refused + 1] = id
   end

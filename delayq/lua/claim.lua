@@ -23,31 +23,42 @@ local out = {now, -1, -1}
 if limit > 0 then
   local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now + tonumber(A.lookahead_ms),
     'WITHSCORES', 'LIMIT', 0, limit)
-  local n = #due / 2
-  local token = 0
-  if n > 0 then token = redis.call('HINCRBY', K.stats, 'claim_seq', n) - n end
-  local lease = tonumber(A.lease_ms)
-  for i = 1, #due, 2 do
-    local id, at = due[i], tonumber(due[i + 1])
-    -- Build the new record before the task leaves the scheduled set: a script error after
-    -- that point would leave it in no set at all.
-    local rec = redis.call('HGET', K.tasks, id)
-    local h, payload, new = nil, nil, nil
-    if rec then h, payload = dq_split(rec) end
-    if h then
-      token = token + 1
-      h.a = h.a + 1
-      h.t = token
-      h.d = at
-      new = dq_join(h, payload)
+  local ids = {}
+  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+  if #ids > 0 then
+    local recs = redis.call('HMGET', K.tasks, unpack(ids))
+    local token = redis.call('HINCRBY', K.stats, 'claim_seq', #ids) - #ids
+    local lease = tonumber(A.lease_ms)
+    local records, leases, corrupt = {}, {}, {}
+    for j, id in ipairs(ids) do
+      local at = tonumber(due[2 * j])
+      local h, payload, new = nil, nil, nil
+      if recs[j] then h, payload = dq_split(recs[j]) end
+      if h then
+        token = token + 1
+        h.a = h.a + 1
+        h.t = token
+        h.d = at
+        new = dq_join(h, payload)
+      end
+      if new then
+        records[#records + 1] = id
+        records[#records + 1] = new
+        leases[#leases + 1] = math.max(now, at) + lease
+        leases[#leases + 1] = id
+        out[#out + 1] = id
+        out[#out + 1] = new
+      elseif recs[j] then
+        corrupt[#corrupt + 1] = id
+      end
     end
-    redis.call('ZREM', K.scheduled, id)
-    if new then
-      redis.call('HSET', K.tasks, id, new)
-      redis.call('ZADD', K.active, math.max(now, at) + lease, id)
-      out[#out + 1] = id
-      out[#out + 1] = new
-    elseif rec then
+    -- Every new record is built before any task leaves the scheduled set.
+    redis.call('ZREM', K.scheduled, unpack(ids))
+    if #records > 0 then
+      redis.call('HSET', K.tasks, unpack(records))
+      redis.call('ZADD', K.active, unpack(leases))
+    end
+    for _, id in ipairs(corrupt) do
       dq_bury(K, id, now, 'record cannot be decoded (corrupt or written by another program)')
     end
   end

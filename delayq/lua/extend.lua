@@ -9,13 +9,16 @@
 --@include lease
 local now = dq_now(A.now)
 local deadline = now + tonumber(A.lease_ms)
-local lost = {}
-for i = REST, #ARGV, 2 do
-  local id = ARGV[i]
-  if dq_holds(K, id, ARGV[i + 1], now) then
-    redis.call('ZADD', K.active, 'XX', deadline, id)
+local ids, tokens = dq_columns(REST, 2)
+local heads = dq_held(K, ids, tokens, now, false)
+local lost, scored = {}, {}
+for j, id in ipairs(ids) do
+  if heads[j] then
+    scored[#scored + 1] = deadline
+    scored[#scored + 1] = id
   else
     lost[#lost + 1] = id
   end
 end
+if #scored > 0 then redis.call('ZADD', K.active, 'XX', unpack(scored)) end
 return lost

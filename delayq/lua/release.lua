@@ -15,13 +15,13 @@ local old_head = dq_head(K.scheduled)
 local min_due = false
 local refused = {}
 local n = 0
-for i = REST, #ARGV, 2 do
-  local id = ARGV[i]
-  local h, payload = dq_holds(K, id, ARGV[i + 1], now)
-  local new = nil
+local ids, tokens = dq_columns(REST, 2)
+local heads, payloads = dq_held(K, ids, tokens, now, true)
+for j, id in ipairs(ids) do
+  local h, new = heads[j], nil
   if h then
     h.a = math.max(h.a - 1, 0)
-    new = dq_join(h, payload)
+    new = dq_join(h, payloads[j])
   end
   if new then
     redis.call('HSET', K.tasks, id, new)

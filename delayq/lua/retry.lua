@@ -15,11 +15,12 @@ local old_head = dq_head(K.scheduled)
 local min_due = false
 local refused = {}
 local n = 0
-for i = REST, #ARGV, 4 do
-  local id = ARGV[i]
-  if dq_holds(K, id, ARGV[i + 1], now) then
-    min_due = dq_requeue(K, id, dq_due(ARGV[i + 2], now), min_due)
-    dq_set_error(K.errors, id, ARGV[i + 3])
+local ids, tokens, dues, texts = dq_columns(REST, 4)
+local heads = dq_held(K, ids, tokens, now, true)
+for j, id in ipairs(ids) do
+  if heads[j] then
+    min_due = dq_requeue(K, id, dq_due(dues[j], now), min_due)
+    dq_set_error(K.errors, id, texts[j])
     n = n + 1
   else
     refused[#refused + 1] = id

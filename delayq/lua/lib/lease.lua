@@ -1,12 +1,36 @@
--- Fencing: the caller holds the lease only if the task is active, its lease has not
--- expired, and the record's token is the one handed out with this claim.
--- Needs: common. k holds active and tasks. Returns header, payload when held, else nil.
-local function dq_holds(k, id, token, now)
-  local deadline = redis.call('ZSCORE', k.active, id)
-  if not deadline or tonumber(deadline) < now then return nil end
-  local rec = redis.call('HGET', k.tasks, id)
-  if not rec then return nil end
-  local h, payload = dq_split(rec)
-  if not h or h.t ~= tonumber(token) then return nil end
-  return h, payload
+-- Fencing, for a batch: the caller holds a task's lease only if the task is active, the
+-- lease has not expired, and the record's token is the one handed out with this claim.
+-- One ZMSCORE and one HMGET for the whole batch. With consumes (ack, retry, bury, release),
+-- an id repeated in the batch is held only the first time, as if the calls ran one by one.
+-- Needs: common. k holds active and tasks.
+-- Returns, per id: its header (or false when the lease is not held), and its payload.
+local function dq_held(k, ids, tokens, now, consumes)
+  local heads, payloads, seen = {}, {}, {}
+  if #ids == 0 then return heads, payloads end
+  local deadlines = redis.call('ZMSCORE', k.active, unpack(ids))
+  local recs = redis.call('HMGET', k.tasks, unpack(ids))
+  for j = 1, #ids do
+    local h, p = nil, nil
+    if deadlines[j] and tonumber(deadlines[j]) >= now and recs[j] then
+      h, p = dq_split(recs[j])
+      if h and h.t ~= tonumber(tokens[j]) then h = nil end
+      if h and consumes then
+        if seen[ids[j]] then h = nil end
+        seen[ids[j]] = true
+      end
+    end
+    heads[j] = h or false
+    payloads[j] = p or false
+  end
+  return heads, payloads
+end
+
+-- The variadic tail as columns: dq_columns(REST, 2) -> {ids}, {tokens}.
+local function dq_columns(first, stride)
+  local cols = {}
+  for c = 1, stride do cols[c] = {} end
+  for i = first, #ARGV, stride do
+    for c = 1, stride do cols[c][#cols[c] + 1] = ARGV[i + c - 1] end
+  end
+  return unpack(cols)
 end
