@@ -239,9 +239,9 @@ def test_lost_lease_cancels_async_handler_and_its_ack_is_refused(
     with run_worker(worker):
         queue.schedule("long", None, task_id="L")
         assert started.wait(10)
-        # Pretend the lease ran out (a stalled worker), then let a rival claim it.
-        queue.client.zadd(queue.core.keys.active, {"L": 0})
-        rival = runner.run(leasing.claim(queue.core, limit=1, lease_ms=60_000))
+        # The lease runs out (a stalled worker) and a rival claims it, in one transaction so
+        # the worker's own claim loop cannot reap it in between.
+        rival = take_over(queue, "L")
         assert [t.id for t in rival.tasks] == ["L"]
         assert cancelled.wait(10)
         time.sleep(0.3)
@@ -250,6 +250,47 @@ def test_lost_lease_cancels_async_handler_and_its_ack_is_refused(
     # The rival, holding the current token, finishes it.
     assert runner.run(leasing.ack(queue.core, [("L", rival.tasks[0].token)])) == []
     assert state(queue, "L") == "done"
+
+
+def take_over(queue: Queue, task_id: str) -> leasing.ClaimResult:
+    """Expire ``task_id``'s lease and claim it as a rival would, atomically."""
+    op = leasing.claim(queue.core, limit=1, lease_ms=60_000)
+    queue.client.script_load(op.script.source)
+    pipe = queue.client.pipeline(transaction=True)
+    pipe.zadd(queue.core.keys.active, {task_id: 0})
+    pipe.evalsha(op.script.sha, len(op.keys), *op.keys, *op.args)
+    return op.parse(pipe.execute()[1])
+
+
+def test_worker_that_reclaims_its_own_stalled_task_runs_it_again_and_stops_the_old_run(
+    queue: Queue, run_worker: Any
+) -> None:
+    """The lease of a run expires while this worker stalls; its own next claim takes the
+    task back. The old run is told its lease is lost; only the new run's result counts."""
+    worker = Worker(queue, lease=30)
+    attempts: list[int] = []
+    old_cancelled = threading.Event()
+
+    @worker.handler("long")
+    async def long(task: Task) -> None:
+        attempts.append(task.attempt)
+        if task.attempt == 1:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                old_cancelled.set()
+                raise
+
+    with run_worker(worker):
+        queue.schedule("long", None, task_id="S")
+        wait_for(lambda: attempts == [1])
+        queue.client.zadd(queue.core.keys.active, {"S": 0})  # expired; the worker reaps it
+        assert old_cancelled.wait(10)
+        wait_for(lambda: state(queue, "S") == "done")
+    assert attempts == [1, 2]
+    info = queue.get("S")
+    assert info is not None and info.attempts == 2
+    assert queue.stats().counters["leases_expired"] == 1
 
 
 def test_graceful_shutdown_hands_back_unfinished_tasks(queue: Queue, run_worker: Any) -> None:

@@ -1,22 +1,41 @@
 """Mapping the Redis server's clock onto the event loop's monotonic clock.
 
 Due times are server milliseconds; timers run on ``loop.time()``. Each claim reply carries
-the server's ``TIME``; taking it as the midpoint of the round trip bounds the error by half
-the round trip, a fraction of a millisecond on a LAN, whatever the two wall clocks say.
+the server's ``TIME``, read at some moment between sending the claim and receiving the
+reply. So ``server_ms - received`` is a lower bound of the offset between the two clocks:
+timers set from it can fire late by up to one round trip, never early. A task must not
+start before its due time — a handler may rely on that — so we use the best (largest)
+lower bound seen over the last minute, which tracks a fast reply within a few samples and
+forgets a clock step after a minute.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
+WINDOW_S = 60.0
+
 
 class ServerClock:
     def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque()  # (received, lower bound)
         self.offset: float | None = None  # server seconds minus loop seconds
 
     def observe(self, server_ms: int, sent: float, received: float) -> None:
-        self.offset = server_ms / 1000 - (sent + received) / 2
+        bound = server_ms / 1000 - received
+        while self._samples and (
+            self._samples[-1][1] <= bound or self._samples[0][0] < received - WINDOW_S
+        ):
+            # Drop samples that are worse than this one (from the right) or too old (left).
+            if self._samples[-1][1] <= bound:
+                self._samples.pop()
+            else:
+                self._samples.popleft()
+        self._samples.append((received, bound))
+        self.offset = self._samples[0][1]
 
     def to_loop(self, server_ms: float, default: float) -> float:
-        """The loop time at which the server's clock reads ``server_ms``."""
+        """The loop time at which the server's clock reads ``server_ms`` (or just after)."""
         if self.offset is None:
             return default
         return server_ms / 1000 - self.offset

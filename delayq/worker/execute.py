@@ -12,7 +12,6 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..backoff import delay_for
@@ -23,6 +22,7 @@ from ..task import Task
 from ..timing import ms_to_datetime, seconds
 from .outcome import Outcome
 from .registry import Handler, Registry
+from .threads import HandlerThreads
 
 log = logging.getLogger("delayq.worker")
 
@@ -59,13 +59,13 @@ class Executor:
         registry: Registry,
         queue: str,
         codecs: dict[str, Codec],
-        pool: ThreadPoolExecutor,
+        threads: HandlerThreads,
         on_dead: OnDead,
     ) -> None:
         self.registry = registry
         self.queue = queue
         self.codecs = codecs
-        self.pool = pool
+        self.threads = threads
         self.on_dead = on_dead
 
     async def _bury(self, task: Task | None, claimed: Claimed, reason: str) -> Outcome:
@@ -137,8 +137,7 @@ class Executor:
             if handler.timeout is None:
                 return await coro
             return await asyncio.wait_for(coro, handler.timeout)
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self.pool, handler.fn, task)
+        fut = self.threads.submit(handler.fn, task)
         if handler.timeout is None:
             return await fut
         try:

@@ -13,14 +13,12 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from .. import leasing
 from ..connection import async_client
 from ..errors import ConfigurationError, DelayqError
-from ..leasing import Claimed
 from ..queue import AsyncQueue, Queue
 from ..runner import AsyncRunner
 from ..task import Task
@@ -28,8 +26,10 @@ from ..timing import seconds
 from .clock import ServerClock
 from .execute import Executor
 from .heartbeat import Heartbeat
-from .outcome import Finisher, Outcome
+from .outcome import Finisher
 from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
+from .runs import Runs
+from .threads import HandlerThreads
 from .waker import Waker
 
 log = logging.getLogger("delayq.worker")
@@ -75,19 +75,10 @@ class Worker:
         self.max_wait_s = seconds(max_wait, "max_wait")
         self._client_arg = client
         self.registry = Registry()
-        # Live state, valid while serving.
-        self.leases: dict[str, int] = {}  # every lease this worker holds: id -> token
-        self.running: dict[str, asyncio.Task[None]] = {}
-        self.tasks: dict[str, Task] = {}
-        self._timers: dict[str, tuple[asyncio.TimerHandle, Claimed]] = {}
-        self._lost: set[str] = set()
-        self._finishing: set[str] = set()  # result handed to the Finisher, not yet written
-        self._busy = 0
         self._stopping: asyncio.Event | None = None  # events are made on the serving loop
         self._force: asyncio.Event | None = None
         self._stop_requested = threading.Event()
         self.clock = ServerClock()
-        self.started_count = 0
 
     # -- registration ---------------------------------------------------------------------
 
@@ -145,20 +136,21 @@ class Worker:
         self._force = asyncio.Event()
         client = self._client_arg or async_client(self.queue.url)
         self.runner = AsyncRunner(client)
-        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=HANDLER_THREAD_PREFIX)
+        self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
         self.waker = Waker(client, self.core.keys.wake_channel)
-        self.finisher = Finisher(self.core, self.runner, self._written)
+        self.finisher = Finisher(self.core, self.runner, lambda o, r: self.runs.written(o, r))
         self.executor = Executor(
-            self.registry, self.core.name, self.core.codecs, self.pool, self._fire_on_dead
+            self.registry, self.core.name, self.core.codecs, self.threads, self._fire_on_dead
         )
+        self.runs = Runs(self.executor, self.finisher, self._to_loop, self.waker.poke)
         lease_ms = round(self.lease_s * 1000)
         self.heartbeat = Heartbeat(
             self.core,
             self.runner,
-            self.leases,
+            self.runs.leases,
             lease_ms,
             max(self.lease_s / 3, 0.2),
-            self._leases_lost,
+            self.runs.leases_lost,
         )
         if install_signals:
             self._install_signals(loop)
@@ -183,7 +175,7 @@ class Worker:
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.threads.shutdown()
             if self._client_arg is None:
                 await client.aclose()
             log.info("worker on queue %r stopped", self.core.name)
@@ -208,7 +200,7 @@ class Worker:
         lookahead_ms = round(self.lookahead_s * 1000)
         error_delay = 0.1
         while not self._stopping.is_set():
-            free = self.concurrency - self._busy
+            free = self.concurrency - self.runs.busy
             if free <= 0:
                 # Full: announcements do not matter until a handler finishes and pokes. Any
                 # poke so far is answered: we looked, and we are full (and not stopping).
@@ -231,7 +223,7 @@ class Worker:
             error_delay = 0.1
             self.clock.observe(result.now_ms, sent, loop.time())
             for claimed in result.tasks:
-                self._start(claimed)
+                self.runs.start(claimed)
             if len(result.tasks) >= free:
                 continue  # a full batch: more may be due right now
             deadline = loop.time() + self.max_wait_s
@@ -243,82 +235,6 @@ class Worker:
 
     def _to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
-
-    # -- one task's life -------------------------------------------------------------------
-
-    def _start(self, claimed: Claimed) -> None:
-        self.leases[claimed.id] = claimed.token
-        self._busy += 1
-        loop = asyncio.get_running_loop()
-        due = claimed.header.due_ms
-        at = self._to_loop(due) if due is not None else loop.time()
-        if at - loop.time() > 0.0002:
-            self._timers[claimed.id] = (loop.call_at(at, self._launch, claimed), claimed)
-        else:
-            self._launch(claimed)
-
-    def _launch(self, claimed: Claimed) -> None:
-        self._timers.pop(claimed.id, None)
-        self.running[claimed.id] = asyncio.create_task(self._execute(claimed))
-
-    def _note_start(self, task: Task) -> None:
-        self.tasks[task.id] = task
-        self.started_count += 1
-
-    def _finish(self, outcome: Outcome) -> None:
-        self._finishing.add(outcome.id)
-        self.finisher.add(outcome)
-
-    async def _execute(self, claimed: Claimed) -> None:
-        try:
-            outcome = await self.executor.run(claimed, self._note_start)
-        except asyncio.CancelledError:
-            if claimed.id not in self._lost:
-                # Shutdown after the grace period: hand it back so it runs again promptly.
-                self._finish(Outcome("release", claimed.id, claimed.token))
-        except Exception:
-            log.exception("internal error running task %s; handing it back", claimed.id)
-            self._finish(Outcome("release", claimed.id, claimed.token))
-        else:
-            self._finish(outcome)
-        finally:
-            self.running.pop(claimed.id, None)
-            self.tasks.pop(claimed.id, None)
-            self._lost.discard(claimed.id)
-            self._busy -= 1
-            self.waker.poke()
-
-    def _written(self, outcomes: list[Outcome], refused: set[str]) -> None:
-        for o in outcomes:
-            self._finishing.discard(o.id)
-            if self.leases.get(o.id) == o.token:
-                del self.leases[o.id]
-            if o.id in refused:
-                log.warning(
-                    "result %r of task %s was refused: the lease was lost (expired or taken "
-                    "over), so the task runs again or already has",
-                    o.action,
-                    o.id,
-                )
-
-    def _leases_lost(self, ids: list[str]) -> None:
-        for tid in ids:
-            if tid in self._finishing:
-                continue  # its result is being written; that write tells whether it counted
-            log.warning("lease of task %s lost; stopping its handler", tid)
-            self.leases.pop(tid, None)
-            task = self.tasks.get(tid)
-            if task is not None:
-                task.lease_lost.set()
-            timer = self._timers.pop(tid, None)
-            if timer is not None:
-                timer[0].cancel()
-                self._busy -= 1
-                continue
-            running = self.running.get(tid)
-            if running is not None:
-                self._lost.add(tid)
-                running.cancel()
 
     async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
         log.error("task %s is dead: %s", task_id, reason.splitlines()[0] if reason else "")
@@ -335,30 +251,15 @@ class Worker:
     async def _shutdown(self) -> None:
         """Stop claiming, hand back what has not started, let running handlers finish within
         the grace period, hand back the rest, and write every result before returning."""
-        for tid, (handle, claimed) in list(self._timers.items()):
-            handle.cancel()
-            self._timers.pop(tid, None)
-            self._busy -= 1
-            self._finish(Outcome("release", tid, claimed.token))
-        if self.running and self._force is not None:
-
-            async def all_finished() -> None:
-                while self.running:
-                    await asyncio.wait(list(self.running.values()))
-
-            waits = [asyncio.create_task(all_finished()), asyncio.create_task(self._force.wait())]
-            await asyncio.wait(waits, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-        leftover = list(self.running.values())
-        for t in leftover:
-            t.cancel()
-        await asyncio.gather(*leftover, return_exceptions=True)
+        assert self._force is not None
+        self.runs.release_unstarted()
+        await self.runs.wait_running(self.grace_s, self._force)
+        await self.runs.cancel_running()
         try:
             await asyncio.wait_for(self.finisher.drained(), timeout=10)
         except TimeoutError:
             log.error(
                 "could not write %d results before exiting; their leases will expire "
                 "and the tasks run again",
-                len(self.leases),
+                len(self.runs.leases),
             )

@@ -1,0 +1,83 @@
+"""A bounded pool of threads for sync handlers that hands results back in batches.
+
+``loop.run_in_executor`` wakes the event loop once per finished call (a concurrent future,
+a chained asyncio future, a write to the loop's self-pipe), and under load the loop and
+the handler threads spend their time passing the GIL back and forth. Here a finished
+call appends to a list, and only the first result since the loop last looked schedules
+a wake-up: one wake-up delivers every result that finished meanwhile.
+
+Threads are daemons: a handler still running when the worker exits (its task was handed
+back after the grace period) does not keep the process alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_STOP = object()
+
+
+class HandlerThreads:
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._lock = threading.Lock()
+        self._wake_pending = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._jobs.put((fut, fn, arg))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            fut, fn, arg = job
+            try:
+                result: tuple[Any, bool, Any] = (fut, True, fn(arg))
+            except Exception as e:
+                result = (fut, False, e)
+            except BaseException as e:  # sys.exit() in a handler fails the task, not the worker
+                result = (fut, False, RuntimeError(f"handler raised {e!r}"))
+            with self._lock:
+                self._results.append(result)
+                if self._wake_pending:
+                    continue
+                self._wake_pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:
+                return  # the loop is closed: the worker is gone
+
+    def _deliver(self) -> None:
+        with self._lock:
+            results, self._results = self._results, []
+            self._wake_pending = False
+        for fut, ok, value in results:
+            if fut.done():
+                continue  # cancelled: shutdown or a lost lease
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def shutdown(self) -> None:
+        """Stop idle threads; busy ones finish their handler first (they are daemons)."""
+        for _ in self._threads:
+            self._jobs.put(_STOP)
+
+    def alive(self) -> int:
+        return sum(1 for t in self._threads if t.is_alive())
