@@ -22,18 +22,22 @@ local min_due = false
 local created = 0
 local out = {}
 
-local function put(id, due, rec)
-  redis.call('HSET', K.tasks, id, rec)
+local function enqueue(id, due)
   redis.call('ZADD', K.scheduled, due, id)
   if not min_due or due < min_due then min_due = due end
+end
+
+local function put(id, due, rec)
+  redis.call('HSET', K.tasks, id, rec)
+  enqueue(id, due)
 end
 
 for i = REST, #ARGV, 3 do
   local id, due, rec = ARGV[i], dq_due(ARGV[i + 1], now), ARGV[i + 2]
   local status = 0
-  if redis.call('HEXISTS', K.tasks, id) == 0 then
+  if redis.call('HSETNX', K.tasks, id, rec) == 1 then
     -- Every known task has a record, so no record means a new id: the common, cheap case.
-    put(id, due, rec); status = 1
+    enqueue(id, due); status = 1
   elseif redis.call('ZSCORE', K.active, id) then
     status = 0
   elseif redis.call('ZSCORE', K.scheduled, id) then
