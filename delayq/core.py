@@ -8,6 +8,7 @@ runners execute, so the logic exists once for both clients.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -28,7 +29,7 @@ from .codec import (
 from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from .scripts import SCRIPTS, Arg, Script
-from .task import QueueStats, State, TaskInfo
+from .task import QueueStats, State, TaskInfo, WorkerInfo
 from .timing import Duration, due_spec, ms_to_datetime, seconds
 
 T = TypeVar("T")
@@ -349,6 +350,16 @@ class QueueCore:
             int,
         )
 
+    def workers(self, limit: int = 100, now_ms: int | None = None) -> Op[list[WorkerInfo]]:
+        def parse(r: Any) -> list[WorkerInfo]:
+            now = float(r[0])
+            return [
+                parse_worker(_s(r[i]), float(r[i + 1]), r[i + 2], now, self.name)
+                for i in range(1, len(r), 3)
+            ]
+
+        return self.op("workers", {"now": _now_arg(now_ms), "limit": limit}, [], parse)
+
     def reap(self, *, limit: int = 1000, now_ms: int | None = None) -> Op[int]:
         return self.op(
             "reap",
@@ -356,6 +367,28 @@ class QueueCore:
             [],
             int,
         )
+
+
+def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str) -> WorkerInfo:
+    """A registration as stored by the worker (JSON), tolerant of missing fields."""
+    try:
+        data = json.loads(info) if info else {}
+    except ValueError:
+        data = {}
+    beat = float(data.get("beat", 10.0))
+    started = data.get("started")
+    return WorkerInfo(
+        id=tid,
+        queue=queue,
+        host=str(data.get("host", "?")),
+        pid=int(data.get("pid", 0)),
+        concurrency=int(data.get("concurrency", 0)),
+        in_flight=int(data.get("in_flight", 0)),
+        kinds=[str(k) for k in data.get("kinds", [])],
+        started_at=ms_to_datetime(float(started) * 1000) if started else None,
+        last_seen=ms_to_datetime(seen_ms),
+        alive=now_ms - seen_ms <= 3 * beat * 1000,
+    )
 
 
 def _now_arg(now_ms: int | None) -> str | int:

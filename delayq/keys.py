@@ -83,6 +83,16 @@ class QueueKeys:
         return f"{self.base}:stats"
 
     @property
+    def workers(self) -> str:
+        """HASH worker id -> JSON (host, pid, concurrency, in flight, started ...)."""
+        return f"{self.base}:workers"
+
+    @property
+    def workers_seen(self) -> str:
+        """ZSET worker id -> when it last claimed or heartbeat (ms)."""
+        return f"{self.base}:workers_seen"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel on which producers announce a new earliest due time."""
         return f"{self.base}:wake"

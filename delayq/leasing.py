@@ -56,6 +56,8 @@ def claim(
     lease_ms: int,
     lookahead_ms: int = 0,
     reap_limit: int = 100,
+    worker: str = "",
+    worker_info: str = "",
     now_ms: int | None = None,
 ) -> Op[ClaimResult]:
     def parse(r: Any) -> ClaimResult:
@@ -76,6 +78,8 @@ def claim(
             "limit": min(limit, MAX_CLAIM),
             "lease_ms": lease_ms,
             "reap_limit": reap_limit,
+            "worker": worker,
+            "worker_info": worker_info,
         },
         [],
         parse,
@@ -132,6 +136,23 @@ def release(
 
 
 def extend(
-    core: QueueCore, leases: Sequence[Lease], *, lease_ms: int, now_ms: int | None = None
+    core: QueueCore,
+    leases: Sequence[Lease],
+    *,
+    lease_ms: int,
+    worker: str = "",
+    worker_info: str = "",
+    now_ms: int | None = None,
 ) -> Op[list[str]]:
-    return core.op("extend", {"now": _now_arg(now_ms), "lease_ms": lease_ms}, _flat(leases), _ids)
+    """Heartbeat: extend held leases (and refresh the worker's registration)."""
+    args: dict[str, Arg] = {
+        "now": _now_arg(now_ms),
+        "lease_ms": lease_ms,
+        "worker": worker,
+        "worker_info": worker_info,
+    }
+    return core.op("extend", args, _flat(leases), _ids)
+
+
+def unregister(core: QueueCore, worker: str) -> Op[bool]:
+    return core.op("unregister", {"worker": worker}, [], lambda r: int(r) == 1)

@@ -27,7 +27,7 @@ from .core import (
 from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX
 from .runner import AsyncRunner, SyncRunner
-from .task import QueueStats, TaskInfo
+from .task import QueueStats, TaskInfo, WorkerInfo
 from .timing import Duration, seconds
 
 T = TypeVar("T")
@@ -173,6 +173,10 @@ class Queue(_Base[redis.Redis]):
         """A page of the dead set, most recent first."""
         return self._runner.run(self.core.dead(offset, limit))
 
+    def workers(self) -> list[WorkerInfo]:
+        """Workers registered on this queue, most recently seen first, dead ones included."""
+        return self._runner.run(self.core.workers())
+
     def replay(self, ids: Iterable[str] | None = None) -> int:
         """Run dead tasks again (all of them when ``ids`` is None); returns how many."""
         if ids is not None:
@@ -253,6 +257,9 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         return await self._runner.run(self.core.dead(offset, limit))
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self._runner.run(self.core.workers())
 
     async def replay(self, ids: Iterable[str] | None = None) -> int:
         if ids is not None:

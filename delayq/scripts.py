@@ -112,6 +112,8 @@ NAMES = (
     "get",
     "stats",
     "dead",
+    "unregister",
+    "workers",
 )
 
 

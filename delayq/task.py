@@ -79,3 +79,33 @@ class QueueStats:
             "counters": dict(self.counters),
             "now": self.now.isoformat(),
         }
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker as it registered itself; ``alive`` if seen within three of its beats."""
+
+    id: str
+    queue: str
+    host: str
+    pid: int
+    concurrency: int
+    in_flight: int
+    kinds: list[str]
+    started_at: datetime | None
+    last_seen: datetime
+    alive: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "host": self.host,
+            "pid": self.pid,
+            "concurrency": self.concurrency,
+            "in_flight": self.in_flight,
+            "kinds": list(self.kinds),
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "last_seen": self.last_seen.isoformat(),
+            "alive": self.alive,
+        }

@@ -24,7 +24,7 @@ from delayq import Queue
 from delayq.codec import Header, RecordError, encode_record, split_record
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.keys import QueueKeys
-from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry
+from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, parse_header
 from delayq.timing import ms_to_datetime
@@ -1149,6 +1149,8 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.get("a"),
         core.stats(now_ms=NOW),
         core.dead(),
+        core.workers(now_ms=NOW),
+        unregister(core, "w1"),
     ]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from delayq import Discard, Fail, Queue, Retry, Task, Worker, leasing
+from delayq import Discard, Fail, Queue, Retry, Task, TaskSpec, Worker, leasing
 from delayq.codec import encode_record
 from delayq.runner import SyncRunner
 
@@ -435,3 +435,72 @@ def test_scripts_are_reloaded_after_script_flush(queue: Queue, run_worker: Any) 
         queue.client.script_flush()
         queue.schedule_many([{"kind": "k", "task_id": f"m{i}"} for i in range(3)])
         wait_for(lambda: queue.stats().done == 4)
+
+
+def test_listeners_see_start_and_outcome_of_every_attempt(queue: Queue, run_worker: Any) -> None:
+    from delayq.worker.events import TaskEvent
+
+    worker = Worker(queue)
+    seen: list[TaskEvent] = []
+    worker.add_listener(seen.append)
+
+    @worker.handler("k", max_attempts=2, backoff=[0.05])
+    def k(task: Task) -> None:
+        if task.payload == "fail":
+            raise ValueError("nope")
+        if task.payload == "discard":
+            raise Discard("moved on")
+
+    with run_worker(worker):
+        queue.schedule("k", "ok", task_id="ok")
+        queue.schedule("k", "fail", task_id="bad")
+        queue.schedule("k", "discard", task_id="dis")
+        wait_for(lambda: queue.stats().done == 2 and queue.stats().dead == 1)
+    by = {(e.task_id, e.attempt, e.event) for e in seen}
+    assert {("ok", 1, "started"), ("ok", 1, "succeeded"), ("dis", 1, "discarded")} <= by
+    assert {
+        ("bad", 1, "failed"),
+        ("bad", 1, "retried"),
+        ("bad", 2, "failed"),
+        ("bad", 2, "dead"),
+    } <= by
+    started = [e for e in seen if e.event == "started"]
+    assert all(e.lateness is not None and e.lateness >= 0 for e in started)
+    assert all(e.duration is not None for e in seen if e.event != "started")
+    assert all(e.queue == queue.name and e.kind == "k" for e in seen)
+
+
+def test_workers_register_and_unregister(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue, concurrency=3)
+    worker.handler("k")(lambda task: None)
+    with run_worker(worker):
+        wait_for(lambda: queue.workers())
+        (info,) = queue.workers()
+        assert info.id == worker.id and info.alive
+        assert info.concurrency == 3 and info.kinds == ["k"] and info.pid > 0
+    assert queue.workers() == []  # a clean stop removes the registration
+
+
+def test_a_worker_that_stops_beating_shows_as_dead(queue: Queue) -> None:
+    from delayq import leasing
+    from delayq.runner import SyncRunner
+
+    runner = SyncRunner(queue.client)
+    info = '{"host":"h","pid":1,"concurrency":1,"in_flight":0,"kinds":[],"beat":1}'
+    runner.run(leasing.claim(queue.core, limit=0, lease_ms=1000, worker="w1", worker_info=info))
+    assert [w.alive for w in queue.workers()] == [True]
+    now = int(time.time() * 1000)
+    assert [w.alive for w in runner.run(queue.core.workers(now_ms=now + 5000))] == [False]
+
+
+def test_startup_hooks_run_before_the_first_claim(queue: Queue, run_worker: Any) -> None:
+    worker = Worker(queue)
+    ran: list[str] = []
+    worker.handler("k")(lambda task: ran.append(task.id))
+
+    @worker.on_startup
+    async def seed(w: Worker) -> None:
+        await w.runner.run(w.core.schedule([TaskSpec("k", task_id="seeded")]))
+
+    with run_worker(worker):
+        wait_for(lambda: ran == ["seeded"])

@@ -5,17 +5,22 @@
 -- KEYS[4] dead
 -- KEYS[5] errors
 -- KEYS[6] stats
+-- KEYS[7] workers
+-- KEYS[8] workers_seen
 -- ARGV[1] now           ms, or "" for the server's TIME
 -- ARGV[2] lookahead_ms  also claim tasks due this soon; the worker starts them on a local timer
 -- ARGV[3] limit         at most this many tasks
 -- ARGV[4] lease_ms      lease length, counted from the later of now and the task's due time
 -- ARGV[5] reap_limit    reap at most this many expired leases first
+-- ARGV[6] worker        the claiming worker's id ("" = do not register)
+-- ARGV[7] worker_info   its registration (JSON)
 -- Returns: {now, next_due, next_lease_deadline, id1, record1, id2, record2, ...}; the times are
 --          ms (-1 when there is none); each record carries the new attempt and lease token.
 --          A record whose header cannot be decoded goes to the dead set instead.
 --@include common
 --@include reap
 local now = dq_now(A.now)
+dq_register(K, A.worker, A.worker_info, now)
 dq_reap(K, now, tonumber(A.reap_limit))
 
 local limit = tonumber(A.limit)

@@ -1,13 +1,18 @@
 -- extend: heartbeat; push the lease deadline of tasks still held to now + lease.
 -- KEYS[1] active
 -- KEYS[2] tasks
+-- KEYS[3] workers
+-- KEYS[4] workers_seen
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] lease_ms   new lease length from now
--- ARGV[3...] leases  pairs: id, lease token
+-- ARGV[3] worker     the worker's id ("" = do not register)
+-- ARGV[4] worker_info its registration (JSON)
+-- ARGV[5...] leases  pairs: id, lease token
 -- Returns: the ids whose lease was lost; their handlers must stop.
 --@include common
 --@include lease
 local now = dq_now(A.now)
+dq_register(K, A.worker, A.worker_info, now)
 local deadline = now + tonumber(A.lease_ms)
 local ids, tokens = dq_columns(REST, 2)
 local heads = dq_held(K, ids, tokens, now, false)

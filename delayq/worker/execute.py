@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,6 +21,7 @@ from ..errors import Discard, Fail, Retry
 from ..leasing import Claimed
 from ..task import Task
 from ..timing import ms_to_datetime, seconds
+from .events import EventName, Events, TaskEvent
 from .outcome import Outcome
 from .registry import Handler, Registry
 from .threads import HandlerThreads
@@ -61,14 +63,23 @@ class Executor:
         codecs: dict[str, Codec],
         threads: HandlerThreads,
         on_dead: OnDead,
+        events: Events,
     ) -> None:
         self.registry = registry
         self.queue = queue
         self.codecs = codecs
         self.threads = threads
         self.on_dead = on_dead
+        self.events = events
 
-    async def _bury(self, task: Task | None, claimed: Claimed, reason: str) -> Outcome:
+    def _emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
+        h = claimed.header
+        self.events.emit(TaskEvent(name, self.queue, h.kind, claimed.id, h.attempts, **fields))
+
+    async def _bury(
+        self, task: Task | None, claimed: Claimed, reason: str, duration: float | None = None
+    ) -> Outcome:
+        self._emit("dead", claimed, duration=duration, error=reason.splitlines()[0])
         await self.on_dead(task, claimed.id, reason)
         return Outcome("bury", claimed.id, claimed.token, text=reason)
 
@@ -98,38 +109,48 @@ class Executor:
             return await self._bury(None, claimed, prepared)
         task, handler = prepared
         started(task)
+        t0 = time.perf_counter()
+        self._emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
         try:
             await self._call(handler, task)
-        except Retry as r:
-            if task.attempt >= task.max_attempts:
-                return await self._bury(
-                    task, claimed, f"Retry requested, but no attempts left: {r}"
-                )
-            return Outcome(
-                "retry",
-                task.id,
-                task.token,
-                _retry_after(handler, task.attempt, r.after),
-                f"Retry: {r}",
-            )
-        except Discard as d:
-            log.info("task %s (%s) discarded: %s", task.id, task.kind, d.reason)
-            return Outcome("discard", task.id, task.token)
-        except Fail as f:
-            return await self._bury(task, claimed, f"Fail: {f.reason or 'no reason given'}")
         except asyncio.CancelledError:
+            if task.lease_lost.is_set():
+                self._emit("lease_lost", claimed, duration=time.perf_counter() - t0)
             raise
         except Exception as e:
-            text = "".join(traceback.format_exception(e))
-            if task.attempt >= task.max_attempts:
-                return await self._bury(
-                    task, claimed, f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
-                )
-            log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
-            return Outcome(
-                "retry", task.id, task.token, _retry_after(handler, task.attempt, None), text
-            )
+            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+        self._emit("succeeded", claimed, duration=time.perf_counter() - t0)
         return Outcome("ack", task.id, task.token)
+
+    async def _failed(
+        self, handler: Handler, task: Task, claimed: Claimed, e: Exception, duration: float
+    ) -> Outcome:
+        """Decide what an exception from the handler means (see the module docstring)."""
+        if isinstance(e, Discard):
+            log.info("task %s (%s) discarded: %s", task.id, task.kind, e.reason)
+            self._emit("discarded", claimed, duration=duration)
+            return Outcome("discard", task.id, task.token)
+        if isinstance(e, Fail):
+            self._emit("failed", claimed, duration=duration, error=f"Fail: {e.reason}")
+            return await self._bury(
+                task, claimed, f"Fail: {e.reason or 'no reason given'}", duration
+            )
+        if isinstance(e, Retry):
+            if task.attempt >= task.max_attempts:
+                reason = f"Retry requested, but no attempts left: {e}"
+                return await self._bury(task, claimed, reason, duration)
+            self._emit("retried", claimed, duration=duration)
+            due = _retry_after(handler, task.attempt, e.after)
+            return Outcome("retry", task.id, task.token, due, f"Retry: {e}")
+        text = "".join(traceback.format_exception(e))
+        self._emit("failed", claimed, duration=duration, error=f"{type(e).__name__}: {e}")
+        if task.attempt >= task.max_attempts:
+            reason = f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
+            return await self._bury(task, claimed, reason, duration)
+        log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
+        self._emit("retried", claimed, duration=duration)
+        due = _retry_after(handler, task.attempt, None)
+        return Outcome("retry", task.id, task.token, due, text)
 
     async def _call(self, handler: Handler, task: Task) -> Any:
         if handler.is_async:

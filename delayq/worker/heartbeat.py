@@ -23,6 +23,8 @@ class Heartbeat:
         lease_ms: int,
         interval: float,
         on_lost: Callable[[list[str]], None],
+        worker_id: str = "",
+        registration: Callable[[], str] = lambda: "",
     ) -> None:
         self.core = core
         self.runner = runner
@@ -30,13 +32,21 @@ class Heartbeat:
         self.lease_ms = lease_ms
         self.interval = interval
         self.on_lost = on_lost
+        self.worker_id = worker_id
+        self.registration = registration
 
     async def tick(self) -> list[str]:
         """Extend every held lease once; returns (and reports) the ones found lost."""
         held = list(self.leases.items())
         lost: list[str] = []
         for i in range(0, len(held), 1000):
-            op = leasing.extend(self.core, held[i : i + 1000], lease_ms=self.lease_ms)
+            op = leasing.extend(
+                self.core,
+                held[i : i + 1000],
+                lease_ms=self.lease_ms,
+                worker=self.worker_id,
+                worker_info=self.registration(),
+            )
             reply: list[str] = await self.runner.run(op)
             lost.extend(reply)
         # A lease written off meanwhile (its result just acked) is not lost, just gone.

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+import secrets
 import signal
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +29,7 @@ from ..runner import AsyncRunner
 from ..task import Task
 from ..timing import seconds
 from .clock import ServerClock
+from .events import Events, Listener
 from .execute import Executor
 from .heartbeat import Heartbeat
 from .outcome import Finisher
@@ -79,6 +85,10 @@ class Worker:
         self._force: asyncio.Event | None = None
         self._stop_requested = threading.Event()
         self.clock = ServerClock()
+        self.events = Events()
+        self.startup: list[Callable[[Worker], Awaitable[None]]] = []
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._started_at = time.time()
 
     # -- registration ---------------------------------------------------------------------
 
@@ -103,6 +113,35 @@ class Worker:
             return fn
 
         return register
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
+        self.events.listeners.append(listener)
+
+    def on_startup(
+        self, fn: Callable[[Worker], Awaitable[None]]
+    ) -> Callable[[Worker], Awaitable[None]]:
+        """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
+        use it to make sure their tasks exist)."""
+        self.startup.append(fn)
+        return fn
+
+    def registration(self) -> str:
+        """What this worker publishes about itself on every claim and heartbeat."""
+        runs = getattr(self, "runs", None)
+        return json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "concurrency": self.concurrency,
+                "in_flight": runs.busy if runs else 0,
+                "kinds": self.registry.kinds(),
+                "started": round(self._started_at, 3),
+                # Registrations arrive at least this often; three missed ones mean dead.
+                "beat": round(max(self.max_wait_s, self.lease_s / 3), 3),
+            },
+            separators=(",", ":"),
+        )
 
     def on_dead(self, fn: HandlerFn) -> HandlerFn:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
@@ -140,7 +179,12 @@ class Worker:
         self.waker = Waker(client, self.core.keys.wake_channel)
         self.finisher = Finisher(self.core, self.runner, lambda o, r: self.runs.written(o, r))
         self.executor = Executor(
-            self.registry, self.core.name, self.core.codecs, self.threads, self._fire_on_dead
+            self.registry,
+            self.core.name,
+            self.core.codecs,
+            self.threads,
+            self._fire_on_dead,
+            self.events,
         )
         self.runs = Runs(self.executor, self.finisher, self._to_loop, self.waker.poke)
         lease_ms = round(self.lease_s * 1000)
@@ -151,6 +195,8 @@ class Worker:
             lease_ms,
             max(self.lease_s / 3, 0.2),
             self.runs.leases_lost,
+            self.id,
+            self.registration,
         )
         if install_signals:
             self._install_signals(loop)
@@ -159,6 +205,11 @@ class Worker:
             asyncio.create_task(self.finisher.run(), name="delayq-finisher"),
             asyncio.create_task(self.heartbeat.run(), name="delayq-heartbeat"),
         ]
+        for hook in self.startup:
+            try:
+                await hook(self)
+            except Exception:
+                log.exception("start-up hook %r failed; serving anyway", hook)
         claim_loop = asyncio.create_task(self._claim_loop(lease_ms), name="delayq-claim")
         if self._stop_requested.is_set():
             self._begin_stop()
@@ -212,7 +263,12 @@ class Worker:
             try:
                 result = await self.runner.run(
                     leasing.claim(
-                        self.core, limit=free, lease_ms=lease_ms, lookahead_ms=lookahead_ms
+                        self.core,
+                        limit=free,
+                        lease_ms=lease_ms,
+                        lookahead_ms=lookahead_ms,
+                        worker=self.id,
+                        worker_info=self.registration(),
                     )
                 )
             except DelayqError as e:
@@ -263,3 +319,5 @@ class Worker:
                 "and the tasks run again",
                 len(self.runs.leases),
             )
+        with contextlib.suppress(DelayqError):
+            await self.runner.run(leasing.unregister(self.core, self.id))
