@@ -150,10 +150,15 @@ class QueueCore:
         self._prefixes: dict[tuple[str, int], bytes] = {}
 
     def op(
-        self, name: str, args: dict[str, Arg], rest: list[Arg], parse: Callable[[Any], T]
+        self,
+        name: str,
+        args: dict[str, Arg],
+        rest: list[Arg],
+        parse: Callable[[Any], T],
+        dynamic: dict[str, str] | None = None,
     ) -> Op[T]:
         script = SCRIPTS[name]
-        keys, argv = script.keys_and_args(self.keys, args, rest)
+        keys, argv = script.keys_and_args(self.keys, args, rest, dynamic)
         return Op(script, keys, argv, parse)
 
     # -- producing ---------------------------------------------------------------------
@@ -289,7 +294,7 @@ class QueueCore:
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
         def parse(r: Any) -> QueueStats:
             now, head = float(r[0]), float(r[6])
-            counters = {_s(r[i]): int(r[i + 1]) for i in range(8, len(r) - 1, 2)}
+            counters = {_s(r[i]): int(r[i + 1]) for i in range(9, len(r) - 1, 2)}
             counters.pop("claim_seq", None)
             return QueueStats(
                 queue=self.name,
@@ -303,6 +308,7 @@ class QueueCore:
                 next_lease_deadline=_ms_or_none(r[7]),
                 counters=counters,
                 now=ms_to_datetime(now),
+                expiry_mode=_s(r[8]) or None,
             )
 
         return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)

@@ -56,6 +56,15 @@ class Discard(Exception):
         self.reason = reason
 
 
+class Defer(Exception):
+    """Put the task back for later without counting the attempt (used to re-arm a watched
+    key whose TTL was extended by other code)."""
+
+    def __init__(self, after_ms: int) -> None:
+        super().__init__(f"deferred by {after_ms} ms")
+        self.after_ms = after_ms
+
+
 class Fail(Exception):
     """Send the task to the dead set at once (retrying cannot help), firing ``on_dead``."""
 

@@ -93,6 +93,20 @@ class QueueKeys:
         return f"{self.base}:workers_seen"
 
     @property
+    def xkeys(self) -> str:
+        """HASH watched key -> id of the task that fires when it expires."""
+        return f"{self.base}:xkeys"
+
+    @property
+    def expiry(self) -> str:
+        """HASH describing the expiry watcher (mode: notifications on, or timer and scan)."""
+        return f"{self.base}:expiry"
+
+    def expire_gate(self, key: str) -> str:
+        """Short-lived marker that lets one worker of many act on a foreign key's expiry."""
+        return f"{self.base}:xgate:{key}"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel on which producers announce a new earliest due time."""
         return f"{self.base}:wake"

@@ -128,10 +128,19 @@ def bury(
 
 
 def release(
-    core: QueueCore, leases: Sequence[Lease], *, now_ms: int | None = None
+    core: QueueCore,
+    leases: Sequence[Lease],
+    *,
+    dues: Sequence[str] | None = None,
+    now_ms: int | None = None,
 ) -> Op[list[str]]:
+    """Hand tasks back without counting the attempt; ``dues`` ("" keeps the due time) defers."""
+    due_list = list(dues) if dues is not None else [""] * len(leases)
+    if len(due_list) != len(leases):
+        raise ValueError("release needs one due per lease")
+    items = [(tid, token, due) for (tid, token), due in zip(leases, due_list, strict=True)]
     return core.op(
-        "release", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(leases), _ids
+        "release", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(items), _ids
     )
 
 

@@ -25,6 +25,7 @@ from .core import (
     TaskSpec,
 )
 from .errors import InvalidTaskError
+from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
 from .runner import AsyncRunner, SyncRunner
 from .task import QueueStats, TaskInfo, WorkerInfo
@@ -128,6 +129,11 @@ class Queue(_Base[redis.Redis]):
         return sync_client(url)
 
     @property
+    def expiring(self) -> Expiring:
+        """Keys with a TTL whose expiry runs a callback: ``set``, ``touch``, ``delete``."""
+        return Expiring(self)
+
+    @property
     def _runner(self) -> SyncRunner:
         return SyncRunner(self.client)
 
@@ -218,6 +224,10 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url)
+
+    @property
+    def expiring(self) -> AsyncExpiring:
+        return AsyncExpiring(self)
 
     @property
     def _runner(self) -> AsyncRunner:

@@ -21,7 +21,7 @@ from importlib import resources
 
 from .keys import QueueKeys
 
-_KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\w+)\s*$")
+_KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\*?\w+)\b")
 _ARG_RE = re.compile(r"^-- ARGV\[(\d+)(\.\.\.)?\] (\w+)\b")
 _INCLUDE_RE = re.compile(r"^--@include (\w+)\s*$", re.M)
 
@@ -38,8 +38,14 @@ class Script:
     variadic: str | None
 
     def keys_and_args(
-        self, keys: QueueKeys, args: dict[str, Arg], rest: list[Arg] | None = None
+        self,
+        keys: QueueKeys,
+        args: dict[str, Arg],
+        rest: list[Arg] | None = None,
+        dynamic: dict[str, str] | None = None,
     ) -> tuple[list[str], list[Arg]]:
+        """KEYS and ARGV for a call. A key declared ``*name`` depends on the call (say, the
+        gate of one watched key) and comes from ``dynamic``; the others from QueueKeys."""
         if set(args) != set(self.arg_names):
             raise TypeError(
                 f"{self.name}.lua takes ARGV {self.arg_names}, got {tuple(sorted(args))}"
@@ -49,7 +55,18 @@ class Script:
         argv: list[Arg] = [args[name] for name in self.arg_names]
         if rest:
             argv += rest
-        return keys.names(self.key_names), argv
+        if not any(k.startswith("*") for k in self.key_names):
+            return keys.names(self.key_names), argv
+        dynamic = dynamic or {}
+        names = []
+        for k in self.key_names:
+            if not k.startswith("*"):
+                names.append(getattr(keys, k))
+            elif k[1:] in dynamic:
+                names.append(dynamic[k[1:]])
+            else:
+                raise TypeError(f"{self.name}.lua needs the key {k[1:]!r} for this call")
+        return names, argv
 
 
 def parse_header(name: str, text: str) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
@@ -86,9 +103,15 @@ def load(name: str) -> Script:
     text = _read(f"{name}.lua")
     keys, args, variadic = parse_header(name, text)
     for key in keys:
+        if key.startswith("*"):
+            continue
         if not isinstance(getattr(QueueKeys, key, None), property):
             raise ValueError(f"{name}.lua: KEYS names {key!r}, which QueueKeys does not define")
-    preamble = "local K = {" + ", ".join(f"{k} = KEYS[{i}]" for i, k in enumerate(keys, 1)) + "}\n"
+    preamble = (
+        "local K = {"
+        + ", ".join(f"{k.lstrip('*')} = KEYS[{i}]" for i, k in enumerate(keys, 1))
+        + "}\n"
+    )
     preamble += "local A = {" + ", ".join(f"{a} = ARGV[{i}]" for i, a in enumerate(args, 1)) + "}\n"
     preamble += f"local REST = {len(args) + 1}\n"
     source = preamble + _expand(text)
@@ -114,6 +137,11 @@ NAMES = (
     "dead",
     "unregister",
     "workers",
+    "expire_set",
+    "expire_touch",
+    "expire_delete",
+    "expire_notice",
+    "expire_forget",
 )
 
 

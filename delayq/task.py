@@ -62,6 +62,9 @@ class QueueStats:
     next_lease_deadline: datetime | None
     counters: dict[str, int]
     now: datetime
+    # How expiring keys are watched: "notifications" (timer, bell and scan) or "timer+scan"
+    # (Redis refused CONFIG, so no bell); None when no worker watches expiring keys.
+    expiry_mode: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,7 @@ class QueueStats:
             ),
             "counters": dict(self.counters),
             "now": self.now.isoformat(),
+            "expiry_mode": self.expiry_mode,
         }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue
+from delayq import Queue, expiring
 from delayq.codec import Header, RecordError, encode_record, split_record
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.keys import QueueKeys
@@ -1151,6 +1151,11 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.dead(),
         core.workers(now_ms=NOW),
         unregister(core, "w1"),
+        expiring.set_op(core, "k", b"1", 5),
+        expiring.touch_op(core, "k", 5),
+        expiring.delete_op(core, "k"),
+        expiring.notice_op(core, "k", foreign=True, now_ms=NOW),
+        expiring.forget_op(core, "k", "x:1:k"),
     ]
 
 
@@ -1180,15 +1185,18 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
     assert {op.script.name for op in ops} == set(SCRIPTS), "every script has a builder"
     needs = lib_key_needs()
     for name, script in SCRIPTS.items():
-        for key in script.key_names:
+        static = [k for k in script.key_names if not k.startswith("*")]
+        declared = {k.lstrip("*") for k in script.key_names}  # *name: given per call
+        for key in static:
             assert isinstance(getattr(QueueKeys, key, None), property), (name, key)
         body = lua_source(f"{name}.lua")
-        assert set(re.findall(r"\bK\.(\w+)", body)) <= set(script.key_names), name
+        assert set(re.findall(r"\bK\.(\w+)", body)) <= declared, name
         assert set(re.findall(r"\bA\.(\w+)", body)) <= set(script.arg_names), name
         for fn in re.findall(r"\b(dq_\w+)\(K\b", body):
-            assert needs[fn] <= set(script.key_names), (name, fn, needs[fn])
+            assert needs[fn] <= declared, (name, fn, needs[fn])
     for op in ops:
-        assert op.keys == [getattr(core.keys, n) for n in op.script.key_names]
+        static_keys = [k for k, n in zip(op.keys, op.script.key_names, strict=True) if "*" not in n]
+        assert static_keys == [getattr(core.keys, n) for n in op.script.key_names if "*" not in n]
         assert len(op.args) >= len(op.script.arg_names)
         assert all(f"{{{core.name}}}" in key for key in op.keys), "one hash tag per call"
     runner = SyncRunner(queue.client)

@@ -1,12 +1,14 @@
--- release: hand leased tasks back unrun (worker shutting down); the attempt is not counted
--- and each keeps its due time, so it runs again promptly.
+-- release: hand leased tasks back without counting the attempt: unrun at shutdown (each
+-- keeps its due time, so it runs again promptly), or deferred to a new due time (a watched
+-- key whose TTL was extended by other code is re-armed, not fired).
 -- KEYS[1] scheduled
 -- KEYS[2] active
 -- KEYS[3] tasks
 -- KEYS[4] stats
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
--- ARGV[3...] leases  pairs: id, lease token
+-- ARGV[3...] leases  triples: id, lease token, due ("" keeps the task's due time;
+--                    "+ms" from now, or absolute ms)
 -- Returns: the ids refused because the lease was lost.
 --@include common
 --@include lease
@@ -15,7 +17,7 @@ local old_head = dq_head(K.scheduled)
 local min_due = false
 local refused = {}
 local n = 0
-local ids, tokens = dq_columns(REST, 2)
+local ids, tokens, dues = dq_columns(REST, 3)
 local heads, payloads = dq_held(K, ids, tokens, now, true)
 for j, id in ipairs(ids) do
   local h, new = heads[j], nil
@@ -25,7 +27,9 @@ for j, id in ipairs(ids) do
   end
   if new then
     redis.call('HSET', K.tasks, id, new)
-    min_due = dq_requeue(K, id, tonumber(h.d) or now, min_due)
+    local due = tonumber(h.d) or now
+    if dues[j] ~= '' then due = dq_due(dues[j], now) end
+    min_due = dq_requeue(K, id, due, min_due)
     n = n + 1
   else
     refused[#refused + 1] = id

@@ -4,9 +4,11 @@
 -- KEYS[3] dead
 -- KEYS[4] done
 -- KEYS[5] stats
+-- KEYS[6] expiry
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- Returns: {now, scheduled, due, active, dead, done, head_due (-1: none),
---           next_lease_deadline (-1: none), counter name, value, ...}
+--           next_lease_deadline (-1: none), expiry watcher mode ("" if none),
+--           counter name, value, ...}
 --@include common
 local now = dq_now(A.now)
 local out = {
@@ -18,6 +20,7 @@ local out = {
   redis.call('ZCARD', K.done),
   dq_head(K.scheduled) or -1,
   -1,
+  redis.call('HGET', K.expiry, 'mode') or '',
 }
 local lease = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
 if lease[2] then out[8] = tonumber(lease[2]) end

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..backoff import delay_for
 from ..codec import Codec, RecordError, decode_payload
-from ..errors import Discard, Fail, Retry
+from ..errors import Defer, Discard, Fail, Retry
 from ..leasing import Claimed
 from ..task import Task
 from ..timing import ms_to_datetime, seconds
@@ -126,6 +126,8 @@ class Executor:
         self, handler: Handler, task: Task, claimed: Claimed, e: Exception, duration: float
     ) -> Outcome:
         """Decide what an exception from the handler means (see the module docstring)."""
+        if isinstance(e, Defer):
+            return Outcome("release", task.id, task.token, due=f"+{max(e.after_ms, 1)}")
         if isinstance(e, Discard):
             log.info("task %s (%s) discarded: %s", task.id, task.kind, e.reason)
             self._emit("discarded", claimed, duration=duration)

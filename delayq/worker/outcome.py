@@ -23,7 +23,7 @@ class Outcome:
     action: Action
     id: str
     token: int
-    due: str = ""  # retry: due spec
+    due: str = ""  # retry: due spec; release: new due spec ("" keeps the due time)
     text: str = ""  # retry: error; bury: reason
 
 
@@ -75,7 +75,7 @@ class Finisher:
             return leasing.retry(self.core, [(o.id, o.token, o.due, o.text) for o in items])
         if action == "bury":
             return leasing.bury(self.core, [(o.id, o.token, o.text) for o in items])
-        return leasing.release(self.core, leases)
+        return leasing.release(self.core, leases, dues=[o.due for o in items])
 
     async def run(self) -> None:
         delay = 0.1

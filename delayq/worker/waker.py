@@ -23,6 +23,10 @@ class Waker:
     def __init__(self, client: Any, channel: str) -> None:
         self.client = client
         self.channel = channel
+        # Other channels heard on the same connection (the expiry bell), and what to run
+        # after every (re)subscription.
+        self.extra: dict[str, Callable[[Any], None]] = {}
+        self.on_subscribed: list[Callable[[], None]] = []
         self.event = asyncio.Event()
         self.poked = False  # look at the queue now: capacity freed, shutdown, reconnect
         self.hint_ms: int | None = None  # earliest due time announced since the last claim
@@ -41,13 +45,22 @@ class Waker:
         while True:
             pubsub = self.client.pubsub()
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(self.channel, *self.extra)
                 self.poke()  # anything published while we were away: look now
+                for hook in self.on_subscribed:
+                    hook()
                 delay = 0.1
+                wake = self.channel.encode()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
-                    if msg is not None and msg.get("type") == "message":
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    channel = msg["channel"]
+                    if channel == wake:
                         self._note(msg["data"])
+                    else:
+                        name = channel.decode() if isinstance(channel, bytes) else channel
+                        self.extra[name](msg["data"])
             except (RedisConnectionError, RedisTimeoutError, OSError) as e:
                 log.warning("wake-up subscription lost (%s); reconnecting in %.1f s", e, delay)
                 await asyncio.sleep(delay)

@@ -24,6 +24,7 @@ from typing import Any
 from .. import leasing
 from ..connection import async_client
 from ..errors import ConfigurationError, DelayqError
+from ..expiring import EXPIRE_KIND
 from ..queue import AsyncQueue, Queue
 from ..runner import AsyncRunner
 from ..task import Task
@@ -31,6 +32,7 @@ from ..timing import seconds
 from .clock import ServerClock
 from .events import Events, Listener
 from .execute import Executor
+from .expiry import ExpireFn, ExpiryWatcher
 from .heartbeat import Heartbeat
 from .outcome import Finisher
 from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
@@ -67,6 +69,7 @@ class Worker:
         lookahead: float = 0.02,
         max_wait: float = 1.0,
         client: Any = None,
+        configure_notifications: bool = True,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
@@ -86,6 +89,7 @@ class Worker:
         self._stop_requested = threading.Event()
         self.clock = ServerClock()
         self.events = Events()
+        self.expiry = ExpiryWatcher(self, configure=configure_notifications)
         self.startup: list[Callable[[Worker], Awaitable[None]]] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
@@ -110,6 +114,24 @@ class Worker:
 
         def register(fn: HandlerFn) -> HandlerFn:
             self.registry.add(make_handler(kind, fn, **options))
+            return fn
+
+        return register
+
+    def on_expire(
+        self, pattern: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    ) -> Callable[[ExpireFn], ExpireFn]:
+        """Call the decorated function (sync or async) with an :class:`Expired` when a key
+        matching ``pattern`` (``*``, ``?``, ``[...]`` as in Redis) expires; keys set with
+        ``queue.expiring.set`` are guaranteed, others best-effort. Outcomes follow the
+        handler rules: raise to retry, ``Fail`` for the dead set."""
+
+        def register(fn: ExpireFn) -> ExpireFn:
+            if self.registry.get(EXPIRE_KIND) is None:
+                self.registry.add(
+                    make_handler(EXPIRE_KIND, self.expiry.handle, max_attempts=max_attempts)
+                )
+            self.expiry.add(pattern, fn)
             return fn
 
         return register
@@ -173,10 +195,16 @@ class Worker:
         self._loop = loop
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
-        client = self._client_arg or async_client(self.queue.url)
+        # Handlers may each hold a connection briefly (expiry checks); leave room for the loops.
+        client = self._client_arg or async_client(
+            self.queue.url, max_connections=max(100, 2 * self.concurrency + 16)
+        )
         self.runner = AsyncRunner(client)
         self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
         self.waker = Waker(client, self.core.keys.wake_channel)
+        if self.expiry.patterns:
+            self.waker.extra[self.expiry.channel_for(client)] = self.expiry.on_message
+            self.waker.on_subscribed.append(self.expiry.on_subscribed)
         self.finisher = Finisher(self.core, self.runner, lambda o, r: self.runs.written(o, r))
         self.executor = Executor(
             self.registry,

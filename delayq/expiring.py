@@ -1,0 +1,189 @@
+"""Expiring keys with a guaranteed callback: ``queue.expiring.set/touch/delete``.
+
+A watched key is an ordinary Redis key with a TTL, and delayq also records it as a task
+due at the key's deadline, carrying the key's value. The engine fires that task at the
+deadline (the worker checks the key is really gone, which makes Redis expire it), so the
+callback runs on time and gets the value, however lazily Redis deletes the key.
+
+Each call is two writes: delayq's record (one script on the queue's keys) and the key
+itself (one command on the key). They cannot be one script on Redis Cluster, where the
+key and the queue live in different slots, so the order is chosen so that a crash between
+them never loses an expiry: ``set`` records first (a crash leaves a record whose key was
+never written: its callback still fires, at the deadline); ``touch`` moves the record first,
+then the key's TTL (a crash leaves the record later than the key: the bell, or the check at
+the record's deadline, fires it); ``delete`` drops the record first, then the key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .codec import JsonCodec, encode_payload, record_prefix
+from .core import Op, QueueCore, new_task_id
+from .errors import InvalidTaskError
+from .timing import Duration, ms_to_datetime, seconds
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from .queue import AsyncQueue, Queue
+
+EXPIRE_KIND = "delayq.expire"
+MAX_KEY_LEN = 200
+FOREIGN_GATE_MS = 5000  # every subscriber hears a bell within this; one of them acts on it
+_JSON = JsonCodec()
+
+
+def validate_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LEN:
+        raise InvalidTaskError(
+            f"watched key must be a non-empty string of at most {MAX_KEY_LEN} characters, "
+            f"got {key!r}"
+        )
+    if any(ord(c) < 32 for c in key):
+        raise InvalidTaskError(f"watched key {key!r} contains control characters")
+    return key
+
+
+def _ttl_ms(ttl: Duration) -> int:
+    ms = round(seconds(ttl, "ttl") * 1000)
+    if ms < 1:
+        raise InvalidTaskError(f"ttl must be at least 1 ms, got {ttl!r}")
+    return ms
+
+
+def _header() -> bytes:
+    return (
+        record_prefix(EXPIRE_KIND, max_attempts=0, fmt="json")
+        + str(int(time.time() * 1000)).encode()
+        + b"}\n"
+    )
+
+
+def task_id_for(key: str) -> str:
+    """Each set of a key gets its own task, so a new set never disturbs a firing one."""
+    return f"x:{new_task_id()}:{key}"
+
+
+# -- builders (pure) ---------------------------------------------------------------------
+
+
+def set_op(core: QueueCore, key: str, value: bytes, ttl: Duration) -> Op[int]:
+    return core.op(
+        "expire_set",
+        {
+            "now": "",
+            "channel": core.keys.wake_channel,
+            "key": validate_key(key),
+            "id": task_id_for(key),
+            "ttl_ms": _ttl_ms(ttl),
+            "header": _header(),
+            "value": value,
+        },
+        [],
+        int,
+    )
+
+
+def touch_op(core: QueueCore, key: str, ttl: Duration) -> Op[int]:
+    args = {"now": "", "channel": core.keys.wake_channel, "key": validate_key(key)}
+    return core.op("expire_touch", {**args, "ttl_ms": _ttl_ms(ttl)}, [], int)
+
+
+def delete_op(core: QueueCore, key: str) -> Op[bool]:
+    return core.op("expire_delete", {"key": validate_key(key)}, [], lambda r: int(r) == 1)
+
+
+def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = None) -> Op[int]:
+    """The bell for ``key``; ``foreign``: it matches a pattern, so an unwatched key counts."""
+    record = b""
+    if foreign:
+        payload = b'{"k":' + _JSON.encode(key) + b',"v":null,"foreign":true}'
+        record = _header() + payload
+    return core.op(
+        "expire_notice",
+        {
+            "now": "" if now_ms is None else now_ms,
+            "channel": core.keys.wake_channel,
+            "key": key,
+            "id": task_id_for(key),
+            "record": record,
+            "gate_ms": FOREIGN_GATE_MS,
+        },
+        [],
+        int,
+        dynamic={"gate": core.keys.expire_gate(key)},
+    )
+
+
+def forget_op(core: QueueCore, key: str, task_id: str) -> Op[bool]:
+    return core.op(
+        "expire_forget",
+        {"key": key, "id": task_id, "gate_ms": FOREIGN_GATE_MS},
+        [],
+        lambda r: int(r) == 1,
+        dynamic={"gate": core.keys.expire_gate(key)},
+    )
+
+
+def encode_value(core: QueueCore, value: Any) -> bytes:
+    """Values are JSON whatever the queue's codec: other programs read the key."""
+    return encode_payload(_JSON, value, core.max_payload)
+
+
+# -- facades -------------------------------------------------------------------------------
+
+
+class Expiring:
+    """``queue.expiring`` for blocking code."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def set(self, key: str, value: Any, ttl: Duration) -> datetime:
+        """Set ``key`` to ``value`` (JSON) with a TTL; the ``on_expire`` callback whose pattern
+        matches gets the value once the key expires. Returns the deadline (server clock)."""
+        core = self._queue.core
+        data = encode_value(core, value)
+        deadline = self._queue._runner.run(set_op(core, key, data, ttl))
+        self._queue.client.set(key, data, pxat=deadline)
+        return ms_to_datetime(deadline)
+
+    def touch(self, key: str, ttl: Duration) -> bool:
+        """Give a watched key a new TTL; False if it is not watched, gone or already firing."""
+        deadline = self._queue._runner.run(touch_op(self._queue.core, key, ttl))
+        if deadline < 0:
+            return False
+        return bool(self._queue.client.pexpireat(key, deadline))
+
+    def delete(self, key: str) -> bool:
+        """Delete a watched key without a callback; True if its expiry was still pending."""
+        cancelled = self._queue._runner.run(delete_op(self._queue.core, key))
+        self._queue.client.delete(key)
+        return cancelled
+
+
+class AsyncExpiring:
+    """``queue.expiring`` for asyncio code: the same methods as coroutines."""
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        self._queue = queue
+
+    async def set(self, key: str, value: Any, ttl: Duration) -> datetime:
+        core = self._queue.core
+        data = encode_value(core, value)
+        deadline = await self._queue._runner.run(set_op(core, key, data, ttl))
+        await self._queue.client.set(key, data, pxat=deadline)
+        return ms_to_datetime(deadline)
+
+    async def touch(self, key: str, ttl: Duration) -> bool:
+        deadline = await self._queue._runner.run(touch_op(self._queue.core, key, ttl))
+        if deadline < 0:
+            return False
+        return bool(await self._queue.client.pexpireat(key, deadline))
+
+    async def delete(self, key: str) -> bool:
+        cancelled = await self._queue._runner.run(delete_op(self._queue.core, key))
+        await self._queue.client.delete(key)
+        return cancelled

@@ -1,0 +1,33 @@
+-- expire_set: record a watched key's deadline and value as a task that fires at that
+-- deadline (step 1 of expiring.set; step 2 sets the key itself with PXAT the deadline).
+-- KEYS[1] scheduled
+-- KEYS[2] tasks
+-- KEYS[3] errors
+-- KEYS[4] stats
+-- KEYS[5] xkeys
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- ARGV[2] channel    wake-up channel
+-- ARGV[3] key        the watched key
+-- ARGV[4] id         id of the new task
+-- ARGV[5] ttl_ms     time to live
+-- ARGV[6] header     the record's header line, newline included
+-- ARGV[7] value      the value, JSON-encoded
+-- Returns: the deadline (ms, server clock).
+-- A waiting task for an earlier set of the same key is replaced; one already firing is left
+-- to finish (that key did expire).
+--@include common
+local now = dq_now(A.now)
+local deadline = now + tonumber(A.ttl_ms)
+local old = redis.call('HGET', K.xkeys, A.key)
+if old and redis.call('ZREM', K.scheduled, old) == 1 then
+  redis.call('HDEL', K.tasks, old)
+  redis.call('HDEL', K.errors, old)
+end
+local old_head = dq_head(K.scheduled)
+local payload = '{"k":' .. cjson.encode(A.key) .. ',"v":' .. A.value .. ',"d":' .. deadline .. '}'
+redis.call('HSET', K.xkeys, A.key, A.id)
+redis.call('HSET', K.tasks, A.id, A.header .. payload)
+redis.call('ZADD', K.scheduled, deadline, A.id)
+redis.call('HINCRBY', K.stats, 'scheduled', 1)
+dq_wake(A.channel, old_head, deadline)
+return deadline

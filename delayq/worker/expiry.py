@@ -1,0 +1,222 @@
+"""The worker's side of expiring keys: firing callbacks, the bell, and the server config.
+
+Three ways an expiry reaches a callback, one gate:
+
+- **timer** — the engine runs the key's task at its recorded deadline. The handler reads
+  the key's TTL: gone means expired (reading it makes Redis expire it, however lazy its
+  own deletion), so the callback runs; still there with a longer TTL (other code extended
+  it) means the task is re-armed for the new deadline without counting an attempt.
+- **notification** — Redis's ``__keyevent@<db>__:expired`` message. For a watched key
+  that expired before its recorded deadline, it moves the task to now; for a key another
+  program set that matches a pattern, it creates one task (a gate key lets one of all the
+  listening workers do it). Delivered best-effort, flagged ``guaranteed=False``.
+- **scan** — tasks whose deadline passed while no worker ran (or Redis was restarting) are
+  claimed when a worker (re)connects: the engine's claim over the recorded deadlines is the
+  compensation scan. A callback that starts over a second late says ``via="scan"``.
+
+All three lead to the same task, and a task runs once per claim: that is the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import expiring
+from ..errors import Defer, DelayqError, Fail
+from ..task import Task
+from ..timing import ms_to_datetime
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger("delayq.expiry")
+
+LATE_IS_SCAN_S = 1.0  # a callback starting this late was caught up, not on time
+PERSISTED_RECHECK_MS = 3_600_000  # a key made persistent by other code: look again hourly
+NOTICE_BATCH = 200
+
+Via = Literal["timer", "notification", "scan"]
+ExpireFn = Callable[["Expired"], Any]
+
+
+@dataclass(frozen=True)
+class Expired:
+    """What an ``on_expire`` callback receives."""
+
+    key: str
+    value: Any  # the last value set through delayq (None for a foreign key)
+    deadline: datetime  # the recorded deadline (for a foreign key: when the bell rang)
+    via: Via
+    guaranteed: bool  # False for keys delayq did not record (set by other programs)
+    task: Task
+
+
+class ExpiryWatcher:
+    def __init__(self, worker: Worker, *, configure: bool = True) -> None:
+        self.worker = worker
+        self.configure = configure
+        self.patterns: list[tuple[str, ExpireFn]] = []
+        self.mode: str | None = None
+        self._warned = False
+        self._pending: list[str] = []
+        self._notifier: asyncio.Task[None] | None = None
+
+    def add(self, pattern: str, fn: ExpireFn) -> None:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(
+                f"on_expire needs a key pattern such as 'upload_session:*', got {pattern!r}"
+            )
+        if any(p == pattern for p, _ in self.patterns):
+            raise ValueError(f"a callback for pattern {pattern!r} is already registered")
+        self.patterns.append((pattern, fn))
+
+    def match(self, key: str) -> ExpireFn | None:
+        for pattern, fn in self.patterns:
+            if fnmatch.fnmatchcase(key, pattern):
+                return fn
+        return None
+
+    # -- the timer path: the task fired ----------------------------------------------------
+
+    async def handle(self, task: Task) -> None:
+        payload = task.payload
+        key = payload["k"]
+        foreign = bool(payload.get("foreign"))
+        if not foreign:
+            pttl = await self.worker.runner.client.pttl(key)
+            if pttl >= 0:
+                raise Defer(int(pttl) + 1)  # other code extended it: re-arm, no attempt used
+            if pttl == -1:
+                raise Defer(PERSISTED_RECHECK_MS)  # made persistent: it cannot expire now
+        fn = self.match(key)
+        if fn is None:
+            raise Fail(f"no on_expire pattern on this worker matches key {key!r}")
+        due_ms = task.due_at.timestamp() * 1000
+        recorded = float(payload.get("d", due_ms))
+        if foreign or due_ms < recorded - 1:
+            via: Via = "notification"
+        elif time.time() * 1000 - due_ms > LATE_IS_SCAN_S * 1000:
+            via = "scan"
+        else:
+            via = "timer"
+        expired = Expired(
+            key=key,
+            value=payload.get("v"),
+            deadline=ms_to_datetime(max(recorded, due_ms) if not foreign else due_ms),
+            via=via,
+            guaranteed=not foreign,
+            task=task,
+        )
+        if asyncio.iscoroutinefunction(fn):
+            await fn(expired)
+        else:
+            await self.worker.threads.submit(fn, expired)
+        if not foreign:
+            await self.worker.runner.run(expiring.forget_op(self.worker.core, key, task.id))
+
+    # -- the bell ---------------------------------------------------------------------------
+
+    @staticmethod
+    def channel_for(client: Any) -> str:
+        db = client.connection_pool.connection_kwargs.get("db", 0)
+        return f"__keyevent@{db}__:expired"
+
+    def on_message(self, data: Any) -> None:
+        key = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        if key.startswith(self.worker.core.keys.prefix + ":"):
+            return  # delayq's own keys (gates) expire too: not for callbacks
+        self._pending.append(key)
+        if self._notifier is None or self._notifier.done():
+            self._notifier = asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        """One consumer per worker: bells that arrive together go in one round trip, so a
+        burst of expiries costs a few pipelined calls, not a connection each."""
+        while self._pending:
+            keys, self._pending = self._pending[:NOTICE_BATCH], self._pending[NOTICE_BATCH:]
+            core = self.worker.core
+            ops = [expiring.notice_op(core, k, foreign=self.match(k) is not None) for k in keys]
+            try:
+                await self.worker.runner.run_many(ops)
+            except DelayqError as e:
+                log.warning(
+                    "could not act on %d expiry notifications (%s); their timers still fire "
+                    "watched keys",
+                    len(keys),
+                    e,
+                )
+
+    # -- the server's configuration ------------------------------------------------------
+
+    def on_subscribed(self) -> None:
+        asyncio.get_running_loop().create_task(self.ensure_notifications())
+
+    async def ensure_notifications(self) -> str:
+        """Make sure Redis publishes expired events (E and x); run without the bell if it
+        refuses. A connection error is not a refusal: it is tried again."""
+        delay = 0.2
+        while True:
+            try:
+                mode = await self._check_config()
+                break
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                log.info("could not check notify-keyspace-events yet (%s); retrying", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.mode = mode
+        try:
+            await self.worker.runner.client.hset(
+                self.worker.core.keys.expiry,
+                mapping={
+                    "mode": mode,
+                    "checked_at": int(time.time() * 1000),
+                    "worker": self.worker.id,
+                },
+            )
+        except RedisError as e:
+            log.debug("could not record the expiry mode: %s", e)
+        return mode
+
+    async def _check_config(self) -> str:
+        client = self.worker.runner.client
+        try:
+            reply = await client.config_get("notify-keyspace-events")
+        except ResponseError as e:
+            self._warn(f"Redis refused CONFIG ({e})")
+            return "timer+scan"
+        flags = next(iter(reply.values()), b"")
+        flags = flags.decode() if isinstance(flags, bytes) else str(flags)
+        missing = ("" if "E" in flags else "E") + ("" if "x" in flags or "A" in flags else "x")
+        if missing and self.configure:
+            try:
+                await client.config_set("notify-keyspace-events", flags + missing)
+            except ResponseError as e:
+                self._warn(f"Redis refused CONFIG SET ({e})")
+                return "timer+scan"
+            log.info("notify-keyspace-events was %r; added %r for the expiry bell", flags, missing)
+            return "notifications"
+        if missing:
+            self._warn(f"notify-keyspace-events is {flags!r}, without {missing!r}")
+            return "timer+scan"
+        return "notifications"
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:
+            log.warning(
+                "%s: expiring keys fire on delayq's timer and catch-up scan alone; keys "
+                "shortened or set by other programs are not noticed early. Set "
+                "'notify-keyspace-events Ex' on the server to add the bell.",
+                why,
+            )
+            self._warned = True
