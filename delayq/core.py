@@ -58,6 +58,7 @@ class ScheduleOptions(TypedDict, total=False):
     task_id: str | None
     replace: bool
     max_attempts: int
+    durable: bool
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ class ConnectionFailed(DelayqError, ConnectionError):
     """Redis could not be reached; the message names the URL tried."""
 
 
+class DurabilityError(DelayqError):
+    """``durable=True`` could not be confirmed: the server lacks WAITAOF or AOF, or the fsync
+    was not confirmed in time. The message says whether the task was written."""
+
+
 class ScriptError(DelayqError):
     """A delayq Lua script failed on the server (a bug or an incompatible server)."""
 

@@ -39,7 +39,7 @@ CALLS_PER_ROUND_TRIP = 8
 
 
 def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
-    unknown = set(options) - {"delay", "at", "task_id", "replace", "max_attempts"}
+    unknown = set(options) - {"delay", "at", "task_id", "replace", "max_attempts", "durable"}
     if unknown:
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
     return TaskSpec(
@@ -78,6 +78,8 @@ class _Base(Generic[C]):
             the id again within it changes nothing.
         max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
         codec: ``"json"`` (default) or ``"msgpack"``.
+        durable_timeout: with ``schedule(..., durable=True)``, how long to wait for the
+            server to confirm the write is fsynced to its append-only file.
     """
 
     def __init__(
@@ -90,7 +92,10 @@ class _Base(Generic[C]):
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        durable_timeout: Duration = 1.0,
     ) -> None:
+        # durable=True waits this long for the server's AOF fsync (everysec: up to ~1 s).
+        self.durable_ms = max(1, round(seconds(durable_timeout, "durable_timeout") * 1000))
         self.core = QueueCore(
             name, prefix=prefix, codec=codec, max_payload=max_payload, dedupe_window=dedupe_window
         )
@@ -141,21 +146,30 @@ class Queue(_Base[redis.Redis]):
         """Schedule ``kind`` with ``payload`` after ``delay`` seconds or ``at`` a time.
 
         Returns the task id. An id already waiting, running, finished within the dedupe
-        window, or dead is left unchanged unless ``replace=True``.
+        window, or dead is left unchanged unless ``replace=True``. With ``durable=True`` it
+        returns only once the server's AOF is fsynced (DurabilityError otherwise).
         """
         op = self.core.schedule(
             [_spec(kind, payload, options)], replace=options.get("replace", False)
         )
+        if options.get("durable"):
+            ids: list[str] = self._runner.run_many([op], durable_ms=self.durable_ms)[0]
+            return ids[0]
         return self._runner.run(op)[0]
 
     def schedule_many(
-        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, replace: bool = False
+        self,
+        tasks: Iterable[TaskSpec | Mapping[str, Any]],
+        *,
+        replace: bool = False,
+        durable: bool = False,
     ) -> list[str]:
         """Schedule many tasks in a few round trips; all are validated before any is sent."""
         ops = self._schedule_ops(tasks, replace)
         ids: list[str] = []
+        wait = self.durable_ms if durable else None
         for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
-            for reply in self._runner.run_many(group):
+            for reply in self._runner.run_many(group, durable_ms=wait):
                 ids.extend(reply)
         return ids
 
@@ -239,15 +253,23 @@ class AsyncQueue(_Base[aredis.Redis]):
         op = self.core.schedule(
             [_spec(kind, payload, options)], replace=options.get("replace", False)
         )
+        if options.get("durable"):
+            ids: list[str] = (await self._runner.run_many([op], durable_ms=self.durable_ms))[0]
+            return ids[0]
         return (await self._runner.run(op))[0]
 
     async def schedule_many(
-        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, replace: bool = False
+        self,
+        tasks: Iterable[TaskSpec | Mapping[str, Any]],
+        *,
+        replace: bool = False,
+        durable: bool = False,
     ) -> list[str]:
         ops = self._schedule_ops(tasks, replace)
         ids: list[str] = []
+        wait = self.durable_ms if durable else None
         for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
-            for reply in await self._runner.run_many(group):
+            for reply in await self._runner.run_many(group, durable_ms=wait):
                 ids.extend(reply)
         return ids
 

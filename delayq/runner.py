@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .connection import URL_ENV, describe
 from .core import Op
-from .errors import ConnectionFailed, ScriptError
+from .errors import ConnectionFailed, DurabilityError, ScriptError
 
 T = TypeVar("T")
 
@@ -37,6 +37,32 @@ def _argv(op: Op[Any]) -> tuple[Any, ...]:
     return (op.script.sha, len(op.keys), *op.keys, *op.args)
 
 
+WAITAOF = ("WAITAOF", 1, 0)  # this server's own AOF; replicas come with Cluster/Sentinel
+
+
+def check_durable(reply: Any, timeout_ms: int) -> None:
+    """WAITAOF's reply (or error) -> nothing, or DurabilityError saying what happened."""
+    if isinstance(reply, ResponseError):
+        text = str(reply)
+        if "unknown command" in text.lower():
+            why = "the server has no WAITAOF (it needs Redis or Valkey 7.2 or later)"
+        elif "appendonly" in text.lower():
+            why = "the server runs without an append-only file (set appendonly yes)"
+        else:
+            why = f"WAITAOF failed: {text}"
+        raise DurabilityError(
+            f"durable=True: {why}; the task was written but not confirmed on disk"
+        )
+    if isinstance(reply, Exception):
+        raise reply
+    local = int(reply[0]) if reply else 0
+    if local < 1:
+        raise DurabilityError(
+            f"durable=True: the AOF fsync was not confirmed within {timeout_ms} ms; the task "
+            "was written and is likely, but not certainly, to survive a crash"
+        )
+
+
 class SyncRunner:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -52,22 +78,40 @@ class SyncRunner:
             raise translate(e, self.client) from None
         return op.parse(reply)
 
-    def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
-        """Several calls in one round trip; a call that met NOSCRIPT (it did not run) reruns."""
+    def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
+        """Several calls in one round trip; a call that met NOSCRIPT (it did not run) reruns.
+
+        ``durable_ms``: end the round trip with WAITAOF on the same connection, so the calls
+        return only once the server's AOF is fsynced (DurabilityError otherwise)."""
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for op in ops:
-                pipe.evalsha(*_argv(op))
-            replies = pipe.execute(raise_on_error=False)
-            for i, (op, reply) in enumerate(zip(ops, replies, strict=True)):
-                if isinstance(reply, NoScriptError):
+            replies = self._round_trip(ops, durable_ms)
+            if any(isinstance(r, NoScriptError) for r in replies[: len(ops)]):
+                for op in ops:  # scripts were flushed (restart, failover): load, redo the misses
                     self.client.script_load(op.script.source)
-                    replies[i] = self.client.evalsha(*_argv(op))
-                elif isinstance(reply, Exception):
+                missed = [
+                    i for i, r in enumerate(replies[: len(ops)]) if isinstance(r, NoScriptError)
+                ]
+                redo = self._round_trip([ops[i] for i in missed], durable_ms)
+                for j, i in enumerate(missed):
+                    replies[i] = redo[j]
+                if durable_ms is not None:
+                    replies[-1] = redo[-1]
+            for reply in replies[: len(ops)]:
+                if isinstance(reply, Exception):
                     raise reply
         except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
             raise translate(e, self.client) from None
-        return [op.parse(r) for op, r in zip(ops, replies, strict=True)]
+        if durable_ms is not None:
+            check_durable(replies[-1], durable_ms)
+        return [op.parse(r) for op, r in zip(ops, replies, strict=False)]
+
+    def _round_trip(self, ops: Sequence[Op[Any]], durable_ms: int | None) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for op in ops:
+            pipe.evalsha(*_argv(op))
+        if durable_ms is not None:
+            pipe.execute_command(*WAITAOF, durable_ms)  # type: ignore[no-untyped-call]
+        return list(pipe.execute(raise_on_error=False))
 
 
 class AsyncRunner:
@@ -85,18 +129,34 @@ class AsyncRunner:
             raise translate(e, self.client) from None
         return op.parse(reply)
 
-    async def run_many(self, ops: Sequence[Op[Any]]) -> list[Any]:
+    async def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
+        """As :meth:`SyncRunner.run_many`."""
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for op in ops:
-                pipe.evalsha(*_argv(op))
-            replies = await pipe.execute(raise_on_error=False)
-            for i, (op, reply) in enumerate(zip(ops, replies, strict=True)):
-                if isinstance(reply, NoScriptError):
+            replies = await self._round_trip(ops, durable_ms)
+            if any(isinstance(r, NoScriptError) for r in replies[: len(ops)]):
+                for op in ops:
                     await self.client.script_load(op.script.source)
-                    replies[i] = await self.client.evalsha(*_argv(op))
-                elif isinstance(reply, Exception):
+                missed = [
+                    i for i, r in enumerate(replies[: len(ops)]) if isinstance(r, NoScriptError)
+                ]
+                redo = await self._round_trip([ops[i] for i in missed], durable_ms)
+                for j, i in enumerate(missed):
+                    replies[i] = redo[j]
+                if durable_ms is not None:
+                    replies[-1] = redo[-1]
+            for reply in replies[: len(ops)]:
+                if isinstance(reply, Exception):
                     raise reply
         except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
             raise translate(e, self.client) from None
-        return [op.parse(r) for op, r in zip(ops, replies, strict=True)]
+        if durable_ms is not None:
+            check_durable(replies[-1], durable_ms)
+        return [op.parse(r) for op, r in zip(ops, replies, strict=False)]
+
+    async def _round_trip(self, ops: Sequence[Op[Any]], durable_ms: int | None) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for op in ops:
+            pipe.evalsha(*_argv(op))
+        if durable_ms is not None:
+            pipe.execute_command(*WAITAOF, durable_ms)
+        return list(await pipe.execute(raise_on_error=False))

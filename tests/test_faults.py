@@ -159,3 +159,46 @@ def test_worker_survives_server_restart_and_finishes_the_work(
     side = redis.Redis.from_url(srv.url)
     assert side.ping()
     side.close()
+
+
+def test_durable_schedule_waits_for_the_aof_and_survives_a_kill(make_server: Any) -> None:
+    """durable=True returns after WAITAOF confirmed the fsync: even with appendfsync
+    everysec, a SIGKILL right after it returns loses nothing."""
+    srv: EmbeddedServer = make_server()  # appendonly yes, appendfsync everysec
+    queue = Queue("durable", url=srv.url)
+    ids = [queue.schedule("k", i, delay=60, durable=True) for i in range(20)]
+    ids += queue.schedule_many(
+        [{"kind": "k", "payload": i, "delay": 60} for i in range(500)], durable=True
+    )
+    srv.kill()
+    srv.restart()
+    assert queue.stats().scheduled == 520
+    assert all(queue.get(i) is not None for i in ids[:20])
+    queue.close()
+
+
+def test_durable_schedule_refuses_clearly_without_aof(make_server: Any) -> None:
+    from delayq.errors import DurabilityError
+
+    srv: EmbeddedServer = make_server(appendonly=False)
+    queue = Queue("noaof", url=srv.url)
+    with pytest.raises(DurabilityError, match="append-only file"):
+        queue.schedule("k", 1, durable=True)
+    queue.close()
+
+
+def test_durable_schedule_needs_waitaof(make_server: Any) -> None:
+    """Redis 7.0 has no WAITAOF: the error says so instead of pretending."""
+    from delayq.embedded import server_version
+    from delayq.errors import DurabilityError
+
+    from .conftest import FLAVOURS
+
+    binary = dict(FLAVOURS).get("redis")
+    if binary is None or " v=7.0" not in server_version(binary):
+        pytest.skip("needs a Redis 7.0 server binary")
+    srv: EmbeddedServer = make_server(binary)
+    queue = Queue("old", url=srv.url)
+    with pytest.raises(DurabilityError, match="WAITAOF"):
+        queue.schedule("k", 1, durable=True)
+    queue.close()

@@ -504,3 +504,16 @@ def test_startup_hooks_run_before_the_first_claim(queue: Queue, run_worker: Any)
 
     with run_worker(worker):
         wait_for(lambda: ran == ["seeded"])
+
+
+def test_worker_warns_when_the_server_may_evict_tasks(
+    make_server: Any, run_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    srv = make_server(extra=["--maxmemory-policy", "allkeys-lru"])
+    q = Queue("evict", url=srv.url)
+    worker = Worker(q)
+    with caplog.at_level("WARNING", logger="delayq.worker"), run_worker(worker):
+        wait_for(lambda: q.workers())
+    assert worker.eviction_policy == "allkeys-lru"
+    assert any("maxmemory-policy is 'allkeys-lru'" in r.getMessage() for r in caplog.records)
+    q.close()

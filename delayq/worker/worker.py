@@ -29,6 +29,7 @@ from ..queue import AsyncQueue, Queue
 from ..runner import AsyncRunner
 from ..task import Task
 from ..timing import seconds
+from .checks import check_eviction
 from .clock import ServerClock
 from .events import Events, Listener
 from .execute import Executor
@@ -200,6 +201,7 @@ class Worker:
             self.queue.url, max_connections=max(100, 2 * self.concurrency + 16)
         )
         self.runner = AsyncRunner(client)
+        self.eviction_policy = await check_eviction(client)
         self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
         self.waker = Waker(client, self.core.keys.wake_channel)
         if self.expiry.patterns:
