@@ -88,7 +88,8 @@ class EmbeddedServer:
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self._tmp = None if data_dir else tempfile.mkdtemp(prefix="delayq-server-")
-        self.data_dir = Path(data_dir or self._tmp or ".")
+        # Absolute: the server changes into --dir before it opens its log file.
+        self.data_dir = Path(data_dir or self._tmp or ".").resolve()
         self.appendonly = appendonly
         self.extra = list(extra or [])
         self.process: subprocess.Popen[bytes] | None = None

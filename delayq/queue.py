@@ -27,7 +27,7 @@ from .core import (
 from .errors import InvalidTaskError
 from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
-from .runner import AsyncRunner, SyncRunner
+from .runner import AsyncRunner, Plan, SyncRunner, batch_plan
 from .task import QueueStats, TaskInfo, WorkerInfo
 from .timing import Duration, seconds
 
@@ -123,6 +123,43 @@ class _Base(Generic[C]):
             raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
         return ops
 
+    # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
+
+    def _schedule_many_plan(
+        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
+    ) -> Plan[list[str]]:
+        ops = self._schedule_ops(tasks, replace)
+        ids: list[str] = []
+        wait = self.durable_ms if durable else None
+        for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
+            for reply in (yield from batch_plan(group, wait)):
+                ids.extend(reply)
+        return ids
+
+    def _replay_plan(self, ids: Iterable[str] | None) -> Plan[int]:
+        total = 0
+        if ids is not None:
+            for chunk in _chunks(ids, REPLY_BATCH):
+                total += yield ("run", self.core.replay(chunk))
+            return total
+        while n := (yield ("run", self.core.replay(None))):
+            total += n
+        return total
+
+    def _purge_plan(self, ids: Iterable[str] | None, older_than: Duration | None) -> Plan[int]:
+        total = 0
+        if ids is not None:
+            for chunk in _chunks(ids, REPLY_BATCH):
+                total += yield ("run", self.core.purge_dead(chunk))
+            return total
+        before = None
+        if older_than is not None:
+            stats: QueueStats = yield ("run", self.core.stats())
+            before = int(stats.now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000)
+        while n := (yield ("run", self.core.purge_dead(None, before_ms=before))):
+            total += n
+        return total
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
@@ -165,13 +202,7 @@ class Queue(_Base[redis.Redis]):
         durable: bool = False,
     ) -> list[str]:
         """Schedule many tasks in a few round trips; all are validated before any is sent."""
-        ops = self._schedule_ops(tasks, replace)
-        ids: list[str] = []
-        wait = self.durable_ms if durable else None
-        for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
-            for reply in self._runner.run_many(group, durable_ms=wait):
-                ids.extend(reply)
-        return ids
+        return self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
@@ -199,28 +230,13 @@ class Queue(_Base[redis.Redis]):
 
     def replay(self, ids: Iterable[str] | None = None) -> int:
         """Run dead tasks again (all of them when ``ids`` is None); returns how many."""
-        if ids is not None:
-            return sum(self._runner.run(self.core.replay(c)) for c in _chunks(ids, REPLY_BATCH))
-        total = 0
-        while n := self._runner.run(self.core.replay(None)):
-            total += n
-        return total
+        return self._runner.drive(self._replay_plan(ids))
 
     def purge_dead(
         self, ids: Iterable[str] | None = None, *, older_than: Duration | None = None
     ) -> int:
         """Delete dead tasks for good: these ids, or all (that died ``older_than`` ago)."""
-        if ids is not None:
-            return sum(self._runner.run(self.core.purge_dead(c)) for c in _chunks(ids, REPLY_BATCH))
-        before = None
-        if older_than is not None:
-            before = int(
-                self.stats().now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000
-            )
-        total = 0
-        while n := self._runner.run(self.core.purge_dead(None, before_ms=before)):
-            total += n
-        return total
+        return self._runner.drive(self._purge_plan(ids, older_than))
 
     def close(self) -> None:
         if self._owns_client:
@@ -265,13 +281,7 @@ class AsyncQueue(_Base[aredis.Redis]):
         replace: bool = False,
         durable: bool = False,
     ) -> list[str]:
-        ops = self._schedule_ops(tasks, replace)
-        ids: list[str] = []
-        wait = self.durable_ms if durable else None
-        for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
-            for reply in await self._runner.run_many(group, durable_ms=wait):
-                ids.extend(reply)
-        return ids
+        return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
         return await self._runner.run(self.core.cancel(task_id))
@@ -294,30 +304,12 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.run(self.core.workers())
 
     async def replay(self, ids: Iterable[str] | None = None) -> int:
-        if ids is not None:
-            return sum(
-                [await self._runner.run(self.core.replay(c)) for c in _chunks(ids, REPLY_BATCH)]
-            )
-        total = 0
-        while n := await self._runner.run(self.core.replay(None)):
-            total += n
-        return total
+        return await self._runner.drive(self._replay_plan(ids))
 
     async def purge_dead(
         self, ids: Iterable[str] | None = None, *, older_than: Duration | None = None
     ) -> int:
-        if ids is not None:
-            return sum(
-                [await self._runner.run(self.core.purge_dead(c)) for c in _chunks(ids, REPLY_BATCH)]
-            )
-        before = None
-        if older_than is not None:
-            now = (await self.stats()).now.timestamp()
-            before = int(now * 1000 - seconds(older_than, "older_than") * 1000)
-        total = 0
-        while n := await self._runner.run(self.core.purge_dead(None, before_ms=before)):
-            total += n
-        return total
+        return await self._runner.drive(self._purge_plan(ids, older_than))
 
     async def close(self) -> None:
         if self._owns_client:

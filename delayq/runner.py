@@ -5,7 +5,7 @@ This is all the I/O the queue API does; everything it runs is built by the pure 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -63,6 +63,47 @@ def check_durable(reply: Any, timeout_ms: int) -> None:
         )
 
 
+# Multi-step operations are written once, as plans: generators that yield what to do next
+# and receive the result. Both runners drive them; only the waiting differs.
+#   ("run", op)                one script call, its parsed reply
+#   ("trip", ops, durable_ms)  one round trip of EVALSHAs (+ WAITAOF when durable): raw replies
+#   ("load", ops)              load the scripts (after NOSCRIPT)
+Step = tuple[Any, ...]
+Plan = Generator[Step, Any, T]
+
+
+def batch_plan(ops: Sequence[Op[Any]], durable_ms: int | None = None) -> Plan[list[Any]]:
+    """Several calls in one round trip; a call that met NOSCRIPT (it did not run) reruns.
+    ``durable_ms``: end the round trip with WAITAOF on the same connection, so it returns
+    only once the server's AOF is fsynced (DurabilityError otherwise)."""
+    n = len(ops)
+    replies: list[Any] = yield ("trip", ops, durable_ms)
+    missed = [i for i, r in enumerate(replies[:n]) if isinstance(r, NoScriptError)]
+    if missed:
+        # The server forgot its scripts (restart, failover): load them and redo the misses.
+        yield ("load", ops)
+        redo: list[Any] = yield ("trip", [ops[i] for i in missed], durable_ms)
+        for j, i in enumerate(missed):
+            replies[i] = redo[j]
+        if durable_ms is not None:
+            replies[-1] = redo[-1]
+    for reply in replies[:n]:
+        if isinstance(reply, Exception):
+            raise reply
+    if durable_ms is not None:
+        check_durable(replies[-1], durable_ms)
+    return [op.parse(r) for op, r in zip(ops, replies[:n], strict=True)]
+
+
+def _pipeline(client: Any, ops: Sequence[Op[Any]], durable_ms: int | None) -> Any:
+    pipe = client.pipeline(transaction=False)
+    for op in ops:
+        pipe.evalsha(*_argv(op))
+    if durable_ms is not None:
+        pipe.execute_command(*WAITAOF, durable_ms)
+    return pipe
+
+
 class SyncRunner:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -79,39 +120,26 @@ class SyncRunner:
         return op.parse(reply)
 
     def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
-        """Several calls in one round trip; a call that met NOSCRIPT (it did not run) reruns.
+        return self.drive(batch_plan(ops, durable_ms))
 
-        ``durable_ms``: end the round trip with WAITAOF on the same connection, so the calls
-        return only once the server's AOF is fsynced (DurabilityError otherwise)."""
+    def drive(self, plan: Plan[T]) -> T:
         try:
-            replies = self._round_trip(ops, durable_ms)
-            if any(isinstance(r, NoScriptError) for r in replies[: len(ops)]):
-                for op in ops:  # scripts were flushed (restart, failover): load, redo the misses
-                    self.client.script_load(op.script.source)
-                missed = [
-                    i for i, r in enumerate(replies[: len(ops)]) if isinstance(r, NoScriptError)
-                ]
-                redo = self._round_trip([ops[i] for i in missed], durable_ms)
-                for j, i in enumerate(missed):
-                    replies[i] = redo[j]
-                if durable_ms is not None:
-                    replies[-1] = redo[-1]
-            for reply in replies[: len(ops)]:
-                if isinstance(reply, Exception):
-                    raise reply
+            step = next(plan)
+            while True:
+                step = plan.send(self._do(step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
             raise translate(e, self.client) from None
-        if durable_ms is not None:
-            check_durable(replies[-1], durable_ms)
-        return [op.parse(r) for op, r in zip(ops, replies, strict=False)]
 
-    def _round_trip(self, ops: Sequence[Op[Any]], durable_ms: int | None) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(*_argv(op))
-        if durable_ms is not None:
-            pipe.execute_command(*WAITAOF, durable_ms)  # type: ignore[no-untyped-call]
-        return list(pipe.execute(raise_on_error=False))
+    def _do(self, step: Step) -> Any:
+        if step[0] == "run":
+            return self.run(step[1])
+        if step[0] == "load":
+            for op in step[1]:
+                self.client.script_load(op.script.source)
+            return None
+        return list(_pipeline(self.client, step[1], step[2]).execute(False))
 
 
 class AsyncRunner:
@@ -130,33 +158,23 @@ class AsyncRunner:
         return op.parse(reply)
 
     async def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
-        """As :meth:`SyncRunner.run_many`."""
+        return await self.drive(batch_plan(ops, durable_ms))
+
+    async def drive(self, plan: Plan[T]) -> T:
         try:
-            replies = await self._round_trip(ops, durable_ms)
-            if any(isinstance(r, NoScriptError) for r in replies[: len(ops)]):
-                for op in ops:
-                    await self.client.script_load(op.script.source)
-                missed = [
-                    i for i, r in enumerate(replies[: len(ops)]) if isinstance(r, NoScriptError)
-                ]
-                redo = await self._round_trip([ops[i] for i in missed], durable_ms)
-                for j, i in enumerate(missed):
-                    replies[i] = redo[j]
-                if durable_ms is not None:
-                    replies[-1] = redo[-1]
-            for reply in replies[: len(ops)]:
-                if isinstance(reply, Exception):
-                    raise reply
+            step = next(plan)
+            while True:
+                step = plan.send(await self._do(step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
             raise translate(e, self.client) from None
-        if durable_ms is not None:
-            check_durable(replies[-1], durable_ms)
-        return [op.parse(r) for op, r in zip(ops, replies, strict=False)]
 
-    async def _round_trip(self, ops: Sequence[Op[Any]], durable_ms: int | None) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(*_argv(op))
-        if durable_ms is not None:
-            pipe.execute_command(*WAITAOF, durable_ms)
-        return list(await pipe.execute(raise_on_error=False))
+    async def _do(self, step: Step) -> Any:
+        if step[0] == "run":
+            return await self.run(step[1])
+        if step[0] == "load":
+            for op in step[1]:
+                await self.client.script_load(op.script.source)
+            return None
+        return list(await _pipeline(self.client, step[1], step[2]).execute(False))

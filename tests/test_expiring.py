@@ -230,3 +230,24 @@ def test_bad_input_is_refused(queue: Queue) -> None:
     with pytest.raises(InvalidTaskError, match="watched key"):
         queue.expiring.set("", 1, ttl=5)
     assert queue.client.exists("k") == 0
+
+
+def test_bell_channel_refused_by_acl_falls_back_to_timer_and_scan(
+    make_server: Any, run_worker: Any
+) -> None:
+    srv: EmbeddedServer = make_server()
+    admin = redis.Redis.from_url(srv.url)
+    # Every command and key, but only delayq's own channels: the keyevent channel is refused.
+    admin.execute_command(
+        "ACL", "SETUSER", "nobell", "on", ">pw", "~*", "resetchannels", "&dq:*", "+@all"
+    )
+    url = f"redis://nobell:pw@127.0.0.1:{srv.port}/0"
+    queue = Queue("nobell", url=url)
+    calls = Calls()
+    with run_worker(watcher(queue, calls)) as worker:
+        wait_for(lambda: worker.expiry.mode == "timer+scan", timeout=10)
+        queue.expiring.set("upload_session:acl", "v", ttl=0.2)
+        wait_for(lambda: calls.keys()["upload_session:acl"] == 1, timeout=5)
+    assert calls.one("upload_session:acl")[0].via == "timer"
+    queue.close()
+    admin.close()

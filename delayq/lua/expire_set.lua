@@ -27,7 +27,9 @@ local old_head = dq_head(K.scheduled)
 local payload = '{"k":' .. cjson.encode(A.key) .. ',"v":' .. A.value .. ',"d":' .. deadline .. '}'
 redis.call('HSET', K.xkeys, A.key, A.id)
 redis.call('HSET', K.tasks, A.id, A.header .. payload)
-redis.call('ZADD', K.scheduled, deadline, A.id)
+-- Redis counts a key as expired once its clock is past the deadline: the task is due 1 ms
+-- after it, so the check that follows finds the key gone rather than re-arming for 1 ms.
+redis.call('ZADD', K.scheduled, deadline + 1, A.id)
 redis.call('HINCRBY', K.stats, 'scheduled', 1)
-dq_wake(A.channel, old_head, deadline)
+dq_wake(A.channel, old_head, deadline + 1)
 return deadline

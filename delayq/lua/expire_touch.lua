@@ -19,6 +19,6 @@ if rec then
   redis.call('HSET', K.tasks, id, (string.gsub(rec, ',"d":%d+}$', ',"d":' .. deadline .. '}')))
 end
 local old_head = dq_head(K.scheduled)
-redis.call('ZADD', K.scheduled, 'XX', deadline, id)
-dq_wake(A.channel, old_head, deadline)
+redis.call('ZADD', K.scheduled, 'XX', deadline + 1, id)  -- see expire_set.lua
+dq_wake(A.channel, old_head, deadline + 1)
 return deadline

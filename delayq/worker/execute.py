@@ -17,7 +17,7 @@ from typing import Any
 
 from ..backoff import delay_for
 from ..codec import Codec, RecordError, decode_payload
-from ..errors import Defer, Discard, Fail, Retry
+from ..errors import Defer, Discard, Fail, InvalidTaskError, Retry
 from ..leasing import Claimed
 from ..task import Task
 from ..timing import ms_to_datetime, seconds
@@ -32,11 +32,12 @@ OnDead = Callable[[Task | None, str, str], Awaitable[None]]
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
-    delay = (
-        seconds(requested, "Retry(after=...)")
-        if requested is not None
-        else delay_for(attempt, h.backoff, h.jitter)
-    )
+    delay = delay_for(attempt, h.backoff, h.jitter)
+    if requested is not None:
+        try:
+            delay = seconds(requested, "Retry(after=...)")
+        except InvalidTaskError as e:  # the handler's mistake must not wedge the task
+            log.warning("%s; using the handler's backoff (%.1f s) instead", e, delay)
     return "+" + str(round(delay * 1000))
 
 

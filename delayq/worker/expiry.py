@@ -45,6 +45,7 @@ log = logging.getLogger("delayq.expiry")
 LATE_IS_SCAN_S = 1.0  # a callback starting this late was caught up, not on time
 PERSISTED_RECHECK_MS = 3_600_000  # a key made persistent by other code: look again hourly
 NOTICE_BATCH = 200
+SHORT_WAIT_MS = 5
 
 Via = Literal["timer", "notification", "scan"]
 ExpireFn = Callable[["Expired"], Any]
@@ -95,6 +96,9 @@ class ExpiryWatcher:
         foreign = bool(payload.get("foreign"))
         if not foreign:
             pttl = await self.worker.runner.client.pttl(key)
+            if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
+                await asyncio.sleep((pttl + 1) / 1000)
+                pttl = await self.worker.runner.client.pttl(key)
             if pttl >= 0:
                 raise Defer(int(pttl) + 1)  # other code extended it: re-arm, no attempt used
             if pttl == -1:
@@ -113,7 +117,8 @@ class ExpiryWatcher:
         expired = Expired(
             key=key,
             value=payload.get("v"),
-            deadline=ms_to_datetime(max(recorded, due_ms) if not foreign else due_ms),
+            # Tasks are due 1 ms after the key's deadline (see expire_set.lua).
+            deadline=ms_to_datetime(max(recorded, due_ms - 1) if not foreign else due_ms),
             via=via,
             guaranteed=not foreign,
             task=task,
@@ -134,8 +139,10 @@ class ExpiryWatcher:
 
     def on_message(self, data: Any) -> None:
         key = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        if key.startswith(self.worker.core.keys.prefix + ":"):
-            return  # delayq's own keys (gates) expire too: not for callbacks
+        if key.startswith(self.worker.core.keys.prefix + ":") or self.match(key) is None:
+            # delayq's own keys and keys no callback wants: a watched key always matches a
+            # pattern (one that did not would go to the dead set), so nothing is missed.
+            return
         self._pending.append(key)
         if self._notifier is None or self._notifier.done():
             self._notifier = asyncio.get_running_loop().create_task(self._notify())
@@ -146,7 +153,7 @@ class ExpiryWatcher:
         while self._pending:
             keys, self._pending = self._pending[:NOTICE_BATCH], self._pending[NOTICE_BATCH:]
             core = self.worker.core
-            ops = [expiring.notice_op(core, k, foreign=self.match(k) is not None) for k in keys]
+            ops = [expiring.notice_op(core, k, foreign=True) for k in keys]
             try:
                 await self.worker.runner.run_many(ops)
             except DelayqError as e:
@@ -160,6 +167,10 @@ class ExpiryWatcher:
     # -- the server's configuration ------------------------------------------------------
 
     def on_subscribed(self) -> None:
+        if self.channel_for(self.worker.runner.client) not in self.worker.waker.extra:
+            self.mode = "timer+scan"  # the bell's channel was refused: no notifications
+            self._warn("the server refused SUBSCRIBE to the expired-event channel")
+            return
         asyncio.get_running_loop().create_task(self.ensure_notifications())
 
     async def ensure_notifications(self) -> str:
@@ -174,6 +185,8 @@ class ExpiryWatcher:
                 log.info("could not check notify-keyspace-events yet (%s); retrying", e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        if self.channel_for(self.worker.runner.client) not in self.worker.waker.extra:
+            mode = "timer+scan"  # the subscription was refused meanwhile
         self.mode = mode
         try:
             await self.worker.runner.client.hset(

@@ -22,7 +22,7 @@ class Heartbeat:
         leases: dict[str, int],
         lease_ms: int,
         interval: float,
-        on_lost: Callable[[list[str]], None],
+        on_lost: Callable[[list[tuple[str, int]]], None],
         worker_id: str = "",
         registration: Callable[[], str] = lambda: "",
     ) -> None:
@@ -35,10 +35,11 @@ class Heartbeat:
         self.worker_id = worker_id
         self.registration = registration
 
-    async def tick(self) -> list[str]:
-        """Extend every held lease once; returns (and reports) the ones found lost."""
+    async def tick(self) -> list[tuple[str, int]]:
+        """Extend every held lease once; returns (and reports) the (id, token) found lost."""
         held = list(self.leases.items())
-        lost: list[str] = []
+        sent = dict(held)
+        lost: list[tuple[str, int]] = []
         for i in range(0, len(held), 1000):
             op = leasing.extend(
                 self.core,
@@ -48,9 +49,10 @@ class Heartbeat:
                 worker_info=self.registration(),
             )
             reply: list[str] = await self.runner.run(op)
-            lost.extend(reply)
-        # A lease written off meanwhile (its result just acked) is not lost, just gone.
-        lost = [tid for tid in lost if tid in self.leases]
+            lost.extend((tid, sent[tid]) for tid in reply)
+        # A lease written off meanwhile (its result just acked) is not lost, just gone; one
+        # re-claimed meanwhile has a new token and is not this one.
+        lost = [(tid, token) for tid, token in lost if self.leases.get(tid) == token]
         if lost:
             self.on_lost(lost)
         return lost

@@ -20,12 +20,15 @@ from .outcome import Finisher, Outcome
 
 log = logging.getLogger("delayq.worker")
 
+INTERNAL_RETRY_MS = 30_000
+
 
 class Run:
-    __slots__ = ("claimed", "finishing", "handle", "lost", "task", "timer")
+    __slots__ = ("claimed", "finishing", "handle", "lost", "slot", "task", "timer")
 
     def __init__(self, claimed: Claimed) -> None:
         self.claimed = claimed
+        self.slot = True  # holds one of the worker's concurrency slots
         self.timer: asyncio.TimerHandle | None = None
         self.handle: asyncio.Task[None] | None = None
         self.task: Task | None = None
@@ -54,7 +57,12 @@ class Runs:
     def start(self, claimed: Claimed) -> None:
         earlier = self.by_id.get(claimed.id)
         if earlier is not None:
-            self._lose(earlier)  # we re-claimed it: that run's lease is gone
+            if earlier.finishing:
+                # Its result (say, a release to a new due time) is written but not yet
+                # confirmed here; the server moved on, and so do we.
+                del self.by_id[claimed.id]
+            else:
+                self._lose(earlier)  # we re-claimed it: that run's lease is gone
         run = Run(claimed)
         self.by_id[claimed.id] = run
         self.leases[claimed.id] = claimed.token
@@ -84,15 +92,31 @@ class Runs:
             if not run.lost:
                 # Shutdown after the grace period: hand it back so it runs again promptly.
                 self._finish(run, Outcome("release", claimed.id, claimed.token))
-        except Exception:
-            log.exception("internal error running task %s; handing it back", claimed.id)
-            self._finish(run, Outcome("release", claimed.id, claimed.token))
+        except Exception as e:
+            # A bug in delayq, not the handler: count the attempt and retry later, so a
+            # task that trips it ends in the dead set instead of looping.
+            log.exception("internal error running task %s; retrying it later", claimed.id)
+            self._finish(
+                run,
+                Outcome(
+                    "retry",
+                    claimed.id,
+                    claimed.token,
+                    f"+{INTERNAL_RETRY_MS}",
+                    f"internal error in the worker: {e!r}",
+                ),
+            )
         else:
             self._finish(run, outcome)
         finally:
             self.running.discard(run)
-            if not run.lost:
-                self.busy -= 1
+            self._free_slot(run)
+
+    def _free_slot(self, run: Run) -> None:
+        """Give back the run's concurrency slot, exactly once."""
+        if run.slot:
+            run.slot = False
+            self.busy -= 1
             self.on_slot_free()
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
@@ -114,11 +138,12 @@ class Runs:
                     o.id,
                 )
 
-    def leases_lost(self, ids: list[str]) -> None:
-        """The heartbeat's callback: these leases are no longer ours."""
-        for tid in ids:
+    def leases_lost(self, lost: list[tuple[str, int]]) -> None:
+        """The heartbeat's callback: these leases (id, token) are no longer ours. Matched by
+        token: a newer claim of the same task is a different, valid lease."""
+        for tid, token in lost:
             run = self.by_id.get(tid)
-            if run is not None and not run.finishing:
+            if run is not None and run.claimed.token == token and not run.finishing:
                 self._lose(run)
 
     def _lose(self, run: Run) -> None:
@@ -130,13 +155,12 @@ class Runs:
             del self.leases[tid]
         if run.task is not None:
             run.task.lease_lost.set()
-        self.busy -= 1  # the slot is free now, even if a sync handler runs on in its thread
         if run.timer is not None:
             run.timer.cancel()
             run.timer = None
         elif run.handle is not None:
             run.handle.cancel()
-        self.on_slot_free()
+        self._free_slot(run)  # free now, even if a sync handler runs on in its thread
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -146,7 +170,7 @@ class Runs:
             if run.timer is not None:
                 run.timer.cancel()
                 run.timer = None
-                self.busy -= 1
+                self._free_slot(run)
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
 
     async def wait_running(self, timeout: float, force: asyncio.Event) -> None:

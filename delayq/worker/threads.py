@@ -28,6 +28,7 @@ class HandlerThreads:
         self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
         self._lock = threading.Lock()
         self._wake_pending = False
+        self.busy = 0  # handlers running now (read for the shutdown message)
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -46,6 +47,8 @@ class HandlerThreads:
             if job is _STOP:
                 return
             fut, fn, arg = job
+            with self._lock:
+                self.busy += 1
             try:
                 result: tuple[Any, bool, Any] = (fut, True, fn(arg))
             except Exception as e:
@@ -53,6 +56,7 @@ class HandlerThreads:
             except BaseException as e:  # sys.exit() in a handler fails the task, not the worker
                 result = (fut, False, RuntimeError(f"handler raised {e!r}"))
             with self._lock:
+                self.busy -= 1
                 self._results.append(result)
                 if self._wake_pending:
                     continue
@@ -66,6 +70,7 @@ class HandlerThreads:
         with self._lock:
             results, self._results = self._results, []
             self._wake_pending = False
+        self.busy = 0  # handlers running now (read for the shutdown message)
         for fut, ok, value in results:
             if fut.done():
                 continue  # cancelled: shutdown or a lost lease

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("delayq.worker")
@@ -65,6 +66,23 @@ class Waker:
                 log.warning("wake-up subscription lost (%s); reconnecting in %.1f s", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except ResponseError as e:
+                # Refused (an ACL without the channel). Never die silently: drop the extra
+                # channels if it is theirs, else keep trying while the capped sleeps cover.
+                if self.extra:
+                    log.warning(
+                        "cannot subscribe to %s (%s): going on without it", ", ".join(self.extra), e
+                    )
+                    self.extra.clear()
+                else:
+                    log.error(
+                        "cannot subscribe to the wake-up channel %s (%s): idle workers notice "
+                        "new tasks only at their periodic check; grant the channel (&%s)",
+                        self.channel,
+                        e,
+                        self.channel,
+                    )
+                    await asyncio.sleep(5.0)
             finally:
                 await pubsub.aclose()
 
