@@ -7,14 +7,15 @@ import inspect
 import logging
 import os
 import sys
-import threading
 from contextlib import ExitStack
 from typing import Any
 
 import click
 
+from .cli_admin import info, schedule, task
+from .cli_dead import dead
+from .cli_ops import check, dashboard
 from .connection import URL_ENV
-from .worker.worker import HANDLER_THREAD_PREFIX
 
 
 def load_app(spec: str) -> Any:
@@ -69,7 +70,21 @@ def main() -> None:
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
-def worker(app: str, embedded: bool, log_level: str) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (/metrics).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address for --metrics-port (0.0.0.0 to let a remote Prometheus scrape it).",
+)
+def worker(
+    app: str, embedded: bool, log_level: str, metrics_port: int | None, metrics_host: str
+) -> None:
     """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
     from .worker import Worker
 
@@ -86,17 +101,18 @@ def worker(app: str, embedded: bool, log_level: str) -> None:
             obj = obj()
         if not isinstance(obj, Worker):
             raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
+        if metrics_port is not None:
+            from .metrics import serve_worker_metrics
+
+            try:
+                metrics = serve_worker_metrics(obj, metrics_port, metrics_host)
+            except OSError as e:
+                raise click.ClickException(
+                    f"cannot serve metrics on {metrics_host}:{metrics_port}: {e}"
+                ) from None
+            stack.callback(metrics.stop)
+            click.echo(f"metrics on http://{metrics_host}:{metrics.port}/metrics", err=True)
         obj.run()
-    stuck = [t for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX)]
-    if stuck:
-        # Their tasks were handed back; Python would otherwise wait for them at exit.
-        logging.getLogger("delayq.worker").warning(
-            "%d sync handler(s) still running after shutdown; exiting without them", len(stuck)
-        )
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 @main.command()
@@ -158,6 +174,14 @@ def demo(
         cfg.seed = seed
     sys.exit(run_demo(cfg))
 
+
+main.add_command(schedule)
+main.add_command(info)
+main.add_command(task)
+main.add_command(dead)
+main.add_command(check)
+main.add_command(dashboard)
+main.add_command(importlib.import_module("delayq.cron_cli").cron)
 
 if __name__ == "__main__":
     main()

@@ -93,6 +93,11 @@ class QueueKeys:
         return f"{self.base}:workers_seen"
 
     @property
+    def cron(self) -> str:
+        """HASH schedule name -> JSON: definition, next and last occurrence, last outcome."""
+        return f"{self.base}:cron"
+
+    @property
     def xkeys(self) -> str:
         """HASH watched key -> id of the task that fires when it expires."""
         return f"{self.base}:xkeys"

@@ -137,11 +137,18 @@ NAMES = (
     "dead",
     "unregister",
     "workers",
+    "page",
+    "timeline",
+    "finished",
     "expire_set",
     "expire_touch",
     "expire_delete",
     "expire_notice",
     "expire_forget",
+    "cron_next",
+    "cron_outcome",
+    "cron_read",
+    "cron_sync",
 )
 
 

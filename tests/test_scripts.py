@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue, expiring
+from delayq import Queue, admin, expiring
 from delayq.codec import Header, RecordError, encode_record, split_record
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.keys import QueueKeys
@@ -1150,12 +1150,29 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.stats(now_ms=NOW),
         core.dead(),
         core.workers(now_ms=NOW),
+        admin.page(core, "scheduled"),
+        admin.timeline(core, 60, 10, now_ms=NOW),
+        admin.finished(core),
         unregister(core, "w1"),
         expiring.set_op(core, "k", b"1", 5),
         expiring.touch_op(core, "k", 5),
         expiring.delete_op(core, "k"),
         expiring.notice_op(core, "k", foreign=True, now_ms=NOW),
         expiring.forget_op(core, "k", "x:1:k"),
+        *cron_builders_once(core),
+    ]
+
+
+def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq import cron_ops
+    from delayq.cron import Decision, every_schedule
+
+    sched = every_schedule("s", 1000)
+    return [
+        cron_ops.start(core, sched, "cron:s:1000", 1, 1000, Decision(True, 2000), now_ms=NOW),
+        cron_ops.outcomes(core, [("s", "cron:s:1000", "succeeded", "")], now_ms=NOW),
+        cron_ops.read(core, now_ms=NOW),
+        cron_ops.sync(core, [cron_ops.Change("s", b"", None)]),
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from ..task import Task
 from ..timing import seconds
 from .checks import check_eviction
 from .clock import ServerClock
+from .cron import Schedules
 from .events import Events, Listener
 from .execute import Executor
 from .expiry import ExpireFn, ExpiryWatcher
@@ -136,6 +138,23 @@ class Worker:
             return fn
 
         return register
+
+    def cron(self, expression: str, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
+        """Run the decorated function at each time a cron expression matches, once across all
+        workers: ``@worker.cron("0 2 * * *", tz="Asia/Shanghai", name="daily-report")``.
+        Options (catch_up, max_running, ...): :meth:`delayq.worker.cron.Schedules.cron`."""
+        return self.schedules.cron(expression, **options)
+
+    def every(self, *interval: Any, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
+        """Run the decorated function every interval, once across all workers:
+        ``@worker.every(minutes=5, name="sweep")`` or ``@worker.every(timedelta(...))``.
+        Options: :meth:`delayq.worker.cron.Schedules.every`."""
+        return self.schedules.every(*interval, **options)
+
+    @functools.cached_property
+    def schedules(self) -> Schedules:
+        """The periodic schedules declared with :meth:`cron` and :meth:`every`."""
+        return Schedules(self)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
@@ -257,6 +276,12 @@ class Worker:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             self.threads.shutdown()
+            if self.threads.busy:
+                log.warning(
+                    "%d sync handler(s) still running after the grace period; their tasks "
+                    "were handed back, and the process may exit without waiting for them",
+                    self.threads.busy,
+                )
             if self._client_arg is None:
                 await client.aclose()
             log.info("worker on queue %r stopped", self.core.name)

@@ -1,0 +1,295 @@
+"""Read-only inspection of queues, shared by the CLI, the dashboard and the metrics collector.
+
+Nothing here changes a queue (the actions are in ``operate.py``). Each view is one script
+call per queue, and views of several queues go out in one round trip. The builders for the
+read-only scripts this module adds (``page``, ``timeline``, ``finished``) are pure, like
+those in ``core.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .connection import redact, resolve_url, sync_client
+from .core import Op, QueueCore, _b, _s
+from .errors import InvalidTaskError
+from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
+from .queue import Queue
+from .runner import SyncRunner, translate
+from .task import QueueStats, TaskInfo, WorkerInfo
+from .timing import ms_to_datetime
+
+MAX_PAGE = 1000  # tasks per page: bounds the script's run time and its reply
+MAX_BUCKETS = 500
+DISCOVERY_SCAN_CALLS = 1000  # SCAN calls of COUNT 1000: discovery looks at <= 1M keys
+
+PageState = Literal["scheduled", "active"]
+
+
+# -- what the views return -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """One queue at a glance: counts per state, the schedule's head, registered workers."""
+
+    stats: QueueStats
+    workers: list[WorkerInfo]
+
+    @property
+    def name(self) -> str:
+        return self.stats.queue
+
+    @property
+    def live_workers(self) -> list[WorkerInfo]:
+        return [w for w in self.workers if w.alive]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.stats.as_dict(),
+            "workers_alive": len(self.live_workers),
+            "workers": [w.as_dict() for w in self.workers],
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Waiting tasks per time bucket from now on (the dashboard's timeline)."""
+
+    now: datetime
+    bucket_seconds: float
+    overdue: int
+    counts: list[int]
+    later: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now.isoformat(),
+            "bucket_seconds": self.bucket_seconds,
+            "overdue": self.overdue,
+            "counts": list(self.counts),
+            "later": self.later,
+        }
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A recently finished task: when its last run was due and when it finished."""
+
+    kind: str
+    due_at: datetime | None
+    finished_at: datetime
+
+    @property
+    def due_to_done(self) -> float | None:
+        """Seconds from due time to finish: the start's lateness plus the run time."""
+        if self.due_at is None:
+            return None
+        return (self.finished_at - self.due_at).total_seconds()
+
+
+# -- builders for the read-only scripts ----------------------------------------------------
+
+
+def _check_page(offset: int, limit: int) -> None:
+    if offset < 0 or not 1 <= limit <= MAX_PAGE:
+        raise InvalidTaskError(f"a page needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
+
+
+def page(
+    core: QueueCore, state: PageState, offset: int = 0, limit: int = 100
+) -> Op[list[TaskInfo]]:
+    """Waiting tasks by due time, or running tasks by lease deadline."""
+    if state not in ("scheduled", "active"):
+        raise InvalidTaskError(f"page() shows 'scheduled' or 'active' tasks, not {state!r}")
+    _check_page(offset, limit)
+
+    def parse(r: Any) -> list[TaskInfo]:
+        return [
+            core.task_info(_s(r[i]), state, float(r[i + 1]), _b(r[i + 2] or b""), r[i + 3])
+            for i in range(0, len(r), 4)
+        ]
+
+    return core.op("page", {"state": state, "offset": offset, "limit": limit}, [], parse)
+
+
+def timeline(
+    core: QueueCore, bucket_seconds: float, buckets: int, now_ms: int | None = None
+) -> Op[Timeline]:
+    if not 1 <= buckets <= MAX_BUCKETS or bucket_seconds < 0.001:
+        raise InvalidTaskError(f"a timeline needs 1 to {MAX_BUCKETS} buckets of at least 1 ms each")
+    width = round(bucket_seconds * 1000)
+
+    def parse(r: Any) -> Timeline:
+        return Timeline(
+            now=ms_to_datetime(float(r[0])),
+            bucket_seconds=width / 1000,
+            overdue=int(r[1]),
+            counts=[int(c) for c in r[2:-1]],
+            later=int(r[-1]),
+        )
+
+    now = "" if now_ms is None else int(now_ms)
+    return core.op("timeline", {"now": now, "bucket_ms": width, "buckets": buckets}, [], parse)
+
+
+def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
+    """The most recently finished tasks (kept only for the queue's dedupe window)."""
+    _check_page(0, limit)
+
+    def parse(r: Any) -> list[Finished]:
+        out = []
+        for i in range(0, len(r), 3):
+            due = float(r[i + 1])
+            out.append(
+                Finished(
+                    _s(r[i]),
+                    ms_to_datetime(due) if due >= 0 else None,
+                    ms_to_datetime(float(r[i + 2])),
+                )
+            )
+        return out
+
+    return core.op("finished", {"limit": limit}, [], parse)
+
+
+# -- the inspector -----------------------------------------------------------------------------
+
+
+class Admin:
+    """Inspection of the queues on one Redis, from blocking code.
+
+    Args:
+        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
+        queues: the queues to show; empty or None: every queue found on the server.
+        client: an existing client (``decode_responses=False``) instead of ``url``.
+        prefix: the key prefix the queues were created with.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        queues: Sequence[str] | None = None,
+        client: redis.Redis | None = None,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.prefix = prefix
+        self._owns_client = client is None
+        self.client: redis.Redis = client if client is not None else sync_client(self.url)
+        self.runner = SyncRunner(self.client)
+        self.explicit = [validate_queue_name(q) for q in queues or []]
+        self._queues: dict[str, Queue] = {}
+
+    @property
+    def where(self) -> str:
+        return redact(self.url)
+
+    def queue(self, name: str) -> Queue:
+        """A Queue on this inspector's connection (cached; queues are cheap)."""
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = Queue(
+                name, url=self.url, client=self.client, prefix=self.prefix
+            )
+        return q
+
+    # -- which queues ---------------------------------------------------------------------------
+
+    def queue_names(self) -> list[str]:
+        """The queues given at construction, else those found on the server."""
+        return list(self.explicit) if self.explicit else self.discover()
+
+    def discover(self) -> list[str]:
+        """Queues that have keys on this server, found with SCAN (never KEYS).
+
+        Looks at no more than about a million keys; on a larger keyspace name the queues.
+        On Redis Cluster this sees one node only.
+        """
+        base = QueueKeys("*", self.prefix).base  # the key authority spells the pattern
+        head, _, tail = base.partition("*")
+        found: set[str] = set()
+        cursor = 0
+        try:
+            for _ in range(DISCOVERY_SCAN_CALLS):
+                cursor, keys = self.client.scan(cursor, match=base + ":*", count=1000)
+                for key in keys:
+                    name = _s(key)[len(head) :].partition(tail)[0]
+                    try:
+                        found.add(validate_queue_name(name))
+                    except ValueError:
+                        continue  # a shard or another program's key
+                if cursor == 0:
+                    break
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+        return sorted(found)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise ConnectionFailed if the server cannot be reached."""
+        try:
+            self.client.ping()
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+
+    def overviews(self, names: Iterable[str] | None = None) -> list[QueueOverview]:
+        """Stats and workers of each queue, all in one round trip."""
+        cores = [self.queue(n).core for n in (self.queue_names() if names is None else names)]
+        if not cores:
+            return []
+        ops: list[Op[Any]] = []
+        for core in cores:
+            ops += [core.stats(), core.workers()]
+        replies = self.runner.run_many(ops)
+        return [QueueOverview(replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+
+    def overview(self, name: str) -> QueueOverview:
+        return self.overviews([name])[0]
+
+    def tasks(
+        self, name: str, state: PageState, offset: int = 0, limit: int = 100
+    ) -> list[TaskInfo]:
+        """Waiting tasks (by due time) or running ones (by lease deadline)."""
+        return self.runner.run(page(self.queue(name).core, state, offset, limit))
+
+    def dead(self, name: str, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
+        """Dead tasks, most recent first, with their reasons."""
+        _check_page(offset, limit)
+        return self.queue(name).dead(offset, limit)
+
+    def timeline(self, name: str, bucket_seconds: float = 60, buckets: int = 60) -> Timeline:
+        return self.runner.run(timeline(self.queue(name).core, bucket_seconds, buckets))
+
+    def finished(self, name: str, limit: int = 500) -> list[Finished]:
+        return self.runner.run(finished(self.queue(name).core, limit))
+
+    def task(self, name: str, task_id: str) -> TaskInfo | None:
+        return self.queue(name).get(task_id)
+
+    def find_task(self, task_id: str, names: Iterable[str] | None = None) -> list[TaskInfo]:
+        """Look a task id up in several queues at once (one round trip)."""
+        cores = [self.queue(n).core for n in (self.queue_names() if names is None else names)]
+        if not cores:
+            return []
+        replies = self.runner.run_many([c.get(task_id) for c in cores])
+        return [r for r in replies if r is not None]
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

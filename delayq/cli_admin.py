@@ -1,0 +1,368 @@
+"""Operator commands: schedule, info, task show|cancel|run-now.
+
+``delayq dead ...`` is in cli_dead.py, ``check`` and ``dashboard`` in cli_ops.py.
+Everything that prints data takes ``--json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from . import operate
+from .admin import Admin, QueueOverview
+from .cli_common import (
+    IDS_MAY_START_WITH_DASH,
+    connect,
+    duration,
+    echo_json,
+    human_seconds,
+    json_option,
+    need_queue,
+    payload_text,
+    queue_option,
+    queues_option,
+    relative,
+    safe,
+    task_dict,
+    url_option,
+)
+from .errors import InvalidTaskError
+from .task import TaskInfo
+
+# -- schedule ---------------------------------------------------------------------------------
+
+
+def _payload(text: str | None) -> Any:
+    if text is None:
+        return None
+    source = "--payload"
+    if text == "-":
+        text, source = sys.stdin.read(), "standard input"
+    elif text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text, source = f.read(), text[1:]
+        except OSError as e:
+            raise click.BadParameter(
+                f"cannot read {text[1:]}: {e}", param_hint="--payload"
+            ) from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(
+            f"{source} is not JSON ({e}); quote strings, e.g. --payload '\"hello\"'",
+            param_hint="--payload",
+        ) from None
+
+
+def _at(text: str | None) -> datetime | float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither an ISO 8601 time nor a Unix timestamp", param_hint="--at"
+        ) from None
+    if at.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} has no UTC offset: add one, e.g. {text}+00:00 or {text}Z", param_hint="--at"
+        )
+    return at
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("kind")
+@click.option("--payload", metavar="JSON", help="Payload as JSON; @FILE reads a file, - stdin.")
+@click.option("--delay", metavar="DURATION", help="Run after this long: 90s, 15m, 2h, 1d.")
+@click.option(
+    "--at", "at_text", metavar="TIME", help="Run at an ISO 8601 time with offset, or a Unix time."
+)
+@click.option("--id", "task_id", metavar="ID", help="Task id (default: a random one).")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Move a waiting task with this id; re-create a done or dead one.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Attempt limit (0: the handler's).",
+)
+@url_option
+@json_option
+def schedule(
+    queue: str,
+    kind: str,
+    payload: str | None,
+    delay: str | None,
+    at_text: str | None,
+    task_id: str | None,
+    replace: bool,
+    max_attempts: int,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    """Schedule a task of KIND on QUEUE (due now unless --delay or --at)."""
+    if delay is not None and at_text is not None:
+        raise click.UsageError("pass --delay or --at, not both")
+    data, at, secs = _payload(payload), _at(at_text), duration(delay, "--delay")
+    with connect(url) as admin:
+        q = admin.queue(need_queue(admin, queue))
+        try:
+            tid = q.schedule(
+                kind,
+                data,
+                delay=secs,
+                at=at,
+                task_id=task_id,
+                replace=replace,
+                max_attempts=max_attempts,
+            )
+        except InvalidTaskError as e:
+            raise click.ClickException(str(e)) from None
+        info, now = q.get(tid), q.stats().now
+    if as_json:
+        echo_json(task_dict(info) if info else {"id": tid, "queue": queue, "state": None})
+        return
+    if info is None:  # a worker ran it and the dedupe window is 0
+        click.echo(f"{tid}: scheduled on {queue}")
+    elif info.state == "scheduled":
+        due = info.due_at.isoformat() if info.due_at else "?"
+        click.echo(f"{safe(tid)}: due {due} ({relative(info.due_at, now)}) on queue {queue}")
+    else:
+        click.echo(f"{safe(tid)}: already {info.state} on queue {queue}; unchanged (use --replace)")
+
+
+# -- info ---------------------------------------------------------------------------------------
+
+
+def _queue_table(overviews: list[QueueOverview]) -> Table:
+    table = Table(title=None, header_style="bold")
+    for col in (
+        "queue",
+        "scheduled",
+        "due now",
+        "active",
+        "dead",
+        "oldest overdue",
+        "next due",
+        "workers",
+    ):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for ov in overviews:
+        s = ov.stats
+        dead_workers = len(ov.workers) - len(ov.live_workers)
+        table.add_row(
+            Text(ov.name),
+            str(s.scheduled),
+            Text(str(s.due), style="yellow" if s.due else ""),
+            str(s.active),
+            Text(str(s.dead), style="red" if s.dead else ""),
+            human_seconds(s.oldest_due_age) if s.due else "-",
+            relative(s.next_due_at, s.now),
+            f"{len(ov.live_workers)}" + (f" (+{dead_workers} gone)" if dead_workers else ""),
+        )
+    return table
+
+
+def _worker_table(overviews: list[QueueOverview]) -> Table | None:
+    rows = [(ov, w) for ov in overviews for w in ov.workers]
+    if not rows:
+        return None
+    table = Table(header_style="bold")
+    for col in ("queue", "worker", "pid", "in flight", "started", "last seen", "state"):
+        table.add_column(col)
+    for ov, w in rows:
+        table.add_row(
+            Text(ov.name),
+            Text(safe(w.host)),
+            str(w.pid),
+            f"{w.in_flight}/{w.concurrency}",
+            relative(w.started_at, ov.stats.now),
+            relative(w.last_seen, ov.stats.now),
+            Text("alive", style="green") if w.alive else Text("gone", style="red"),
+        )
+    return table
+
+
+def _info_view(admin: Admin) -> Group | Text:
+    overviews = admin.overviews()
+    if not overviews:
+        return Text(f"no queues found on {admin.where}")
+    parts: list[Any] = [_queue_table(overviews)]
+    workers = _worker_table(overviews)
+    if workers is not None:
+        parts.append(workers)
+    return Group(*parts)
+
+
+@click.command()
+@queues_option
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option(
+    "--interval",
+    default="2s",
+    show_default=True,
+    metavar="DURATION",
+    help="Refresh interval with --watch.",
+)
+@url_option
+@json_option
+def info(
+    queues: tuple[str, ...], watch: bool, interval: str, url: str | None, as_json: bool
+) -> None:
+    """Per queue: scheduled, due now, active, dead, oldest overdue, next due, live workers.
+
+    With --watch --json, prints one JSON document per line, one line per refresh.
+    """
+    every = duration(interval, "--interval") or 2.0
+    with connect(url, queues) as admin:
+        if not watch:
+            if as_json:
+                echo_json([ov.as_dict() for ov in admin.overviews()])
+            else:
+                Console().print(_info_view(admin))
+            return
+        with contextlib.suppress(KeyboardInterrupt):
+            _watch(admin, every, as_json)
+
+
+def _watch(admin: Admin, every: float, as_json: bool) -> None:
+    if as_json:
+        while True:
+            data = [ov.as_dict() for ov in admin.overviews()]
+            click.echo(json.dumps(data, ensure_ascii=False, default=str))
+            sys.stdout.flush()
+            time.sleep(every)
+    with Live(_info_view(admin), console=Console(), auto_refresh=False) as live:
+        while True:
+            time.sleep(every)
+            live.update(_info_view(admin), refresh=True)
+
+
+# -- task ----------------------------------------------------------------------------------------
+
+
+def _show(info: TaskInfo, now: datetime) -> None:
+    rows = [
+        ("id", info.id),
+        ("queue", info.queue),
+        ("state", info.state),
+        ("kind", info.kind),
+        (
+            "attempts",
+            f"{info.attempts}" + (f" of {info.max_attempts}" if info.max_attempts else ""),
+        ),
+        (
+            "due",
+            f"{info.due_at.isoformat()} ({relative(info.due_at, now)})" if info.due_at else "-",
+        ),
+        ("created", info.created_at.isoformat() if info.created_at else "-"),
+    ]
+    if info.lease_deadline:
+        rows.append(
+            (
+                "lease until",
+                f"{info.lease_deadline.isoformat()} ({relative(info.lease_deadline, now)})",
+            )
+        )
+    if info.finished_at:
+        label = "died" if info.state == "dead" else "finished"
+        rows.append((label, f"{info.finished_at.isoformat()} ({relative(info.finished_at, now)})"))
+    for label, value in rows:
+        click.echo(f"{label:>12}  {safe(value)}")
+    click.echo(f"{'payload':>12}  " + payload_text(info.payload).replace("\n", "\n" + " " * 14))
+    if info.last_error:
+        click.echo(f"{'last error':>12}  " + safe(info.last_error).replace("\n", "\n" + " " * 14))
+
+
+@click.group()
+def task() -> None:
+    """Look at one task, cancel it or run it now."""
+
+
+@task.command("show", context_settings=IDS_MAY_START_WITH_DASH)
+@click.argument("task_id", metavar="ID")
+@queues_option
+@url_option
+@json_option
+def task_show(task_id: str, queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
+    """Show a task: state, times, attempts, payload, last error (looks in every queue
+    unless --queue is given).
+
+    With --json: the task as an object, or a list when the id is in no queue or several.
+    """
+    with connect(url, queues) as admin:
+        try:
+            found = admin.find_task(task_id)
+        except InvalidTaskError as e:
+            raise click.BadParameter(str(e), param_hint="ID") from None
+        now = admin.queue(found[0].queue).stats().now if found else None
+    if as_json:
+        echo_json(task_dict(found[0]) if len(found) == 1 else [task_dict(t) for t in found])
+    elif not found:
+        where = "queue(s) " + ", ".join(queues) if queues else "any queue"
+        click.echo(f"no task {safe(task_id)!r} in {where}", err=True)
+    else:
+        assert now is not None
+        for i, t in enumerate(found):
+            if i:
+                click.echo()
+            _show(t, now)
+    if not found:
+        sys.exit(1)
+
+
+def _act(action: str, task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
+    with connect(url) as admin:
+        q = admin.queue(need_queue(admin, queue))
+        try:
+            result = (
+                operate.cancel(q, task_id) if action == "cancel" else operate.run_now(q, task_id)
+            )
+        except InvalidTaskError as e:
+            raise click.BadParameter(str(e), param_hint="ID") from None
+    if as_json:
+        echo_json({"id": task_id, "queue": q.name, "ok": result.ok, "message": result.message})
+    else:
+        click.echo(safe(result.message), err=not result.ok)
+    if not result.ok:
+        sys.exit(1)
+
+
+@task.command("cancel", context_settings=IDS_MAY_START_WITH_DASH)
+@click.argument("task_id", metavar="ID")
+@queue_option
+@url_option
+@json_option
+def task_cancel(task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
+    """Cancel a waiting task (exit 1 if it is not waiting)."""
+    _act("cancel", task_id, queue, url, as_json)
+
+
+@task.command("run-now", context_settings=IDS_MAY_START_WITH_DASH)
+@click.argument("task_id", metavar="ID")
+@queue_option
+@url_option
+@json_option
+def task_run_now(task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
+    """Make a waiting task due now, or replay a dead one (exit 1 otherwise)."""
+    _act("run-now", task_id, queue, url, as_json)

@@ -1,0 +1,137 @@
+"""What every operator command shares: --url/--queue/--json, connecting with a message that
+says where it tried, and terminal-safe formatting."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from .admin import Admin
+from .connection import DEFAULT_URL, URL_ENV, redact
+from .errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
+from .present import human_seconds, payload_text, relative, safe, task_dict
+from .timing import parse_duration
+
+__all__ = ["human_seconds", "payload_text", "relative", "safe", "task_dict"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+QUEUE_ENV = "DELAYQ_QUEUE"
+
+# Generated ids are URL-safe base64 and one in 64 starts with "-": read an unknown
+# option-like word as an id rather than refusing it.
+IDS_MAY_START_WITH_DASH = {"ignore_unknown_options": True}
+
+
+def url_option(f: F) -> F:
+    return click.option(
+        "--url",
+        default=None,
+        metavar="URL",
+        help=f"Redis URL [default: ${URL_ENV[0]}, else ${URL_ENV[1]}, else {DEFAULT_URL}].",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
+
+
+def _split_queues(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...] | str | None
+) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else value
+    return tuple(q for item in items for q in re.split(r"[,\s]+", item) if q)
+
+
+def queues_option(f: F) -> F:
+    """--queue, repeatable; $DELAYQ_QUEUE may list several, comma-separated."""
+    return click.option(
+        "--queue",
+        "-q",
+        "queues",
+        multiple=True,
+        envvar=QUEUE_ENV,
+        callback=_split_queues,
+        metavar="NAME",
+        help=f"Queue to show (repeatable) [default: ${QUEUE_ENV}, else every queue found].",
+    )(f)
+
+
+def queue_option(f: F) -> F:
+    return click.option(
+        "--queue",
+        "-q",
+        "queue",
+        envvar=QUEUE_ENV,
+        metavar="NAME",
+        help=f"The queue [default: ${QUEUE_ENV}].",
+    )(f)
+
+
+def url_source(url: str | None) -> str:
+    """Where the URL came from, for error messages."""
+    if url is not None:
+        return "from --url"
+    for var in URL_ENV:
+        if os.environ.get(var):
+            return f"from ${var}"
+    return f"the default; ${URL_ENV[0]} and ${URL_ENV[1]} are not set"
+
+
+def _reason(e: ConnectionFailed) -> str:
+    m = re.search(r"\((.*)\); check", str(e), re.S)
+    return m.group(1) if m else str(e)
+
+
+@contextmanager
+def connect(url: str | None, queues: tuple[str, ...] = ()) -> Iterator[Admin]:
+    """An inspector; a connection failure becomes a message naming the URL and the fix."""
+    try:
+        admin = Admin(url, queues=queues)
+    except (ConfigurationError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        yield admin
+    except ConnectionFailed as e:
+        raise click.ClickException(
+            f"cannot reach Redis at {redact(admin.url)} ({url_source(url)}): {_reason(e)}\n"
+            f"Start the server, or point delayq at yours with --url redis://HOST:PORT/DB "
+            f"or by setting {URL_ENV[0]} (or {URL_ENV[1]})."
+        ) from None
+    except DelayqError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        admin.close()
+
+
+def need_queue(admin: Admin, queue: str | None) -> str:
+    """The --queue a command acts on; without one, say which queues exist."""
+    if queue:
+        try:
+            return admin.queue(queue).name
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--queue") from None
+    found = admin.discover()
+    hint = f" (queues on {admin.where}: {', '.join(found)})" if found else ""
+    raise click.UsageError(f"no queue given: pass --queue NAME or set ${QUEUE_ENV}{hint}")
+
+
+def duration(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except InvalidTaskError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -1,0 +1,59 @@
+"""The web dashboard: ``delayq dashboard``, or :func:`create_app` to mount it yourself.
+
+The worker never imports this package; it reads queues through :mod:`delayq.admin`.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from ..admin import Admin
+from .app import create_app
+
+__all__ = ["bind", "create_app", "serve"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free one), so the URL can be printed before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(
+    admin: Admin,
+    *,
+    token: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    read_only: bool = False,
+    log_level: str = "warning",
+    announce: Callable[[str], None] | None = None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve the dashboard with uvicorn until SIGINT/SIGTERM (on ``sock`` if given)."""
+    import uvicorn
+
+    app = create_app(admin, token=token, read_only=read_only)
+    sock = sock or bind(host, port)
+    if announce is not None:
+        announce(base_url(sock))
+    # No access log: the first request's URL carries the token.
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", ws="none")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,339 @@
+"""The dashboard's pages and actions. Server-rendered with Jinja2 (autoescaped), one small
+script for live counts and confirmations, no build step.
+
+Pages only read, through :class:`~delayq.admin.Admin`; actions are POSTs that carry the
+CSRF token and go through :mod:`delayq.operate`, like the CLI's. Page handlers are plain
+functions, so Starlette runs them (and their blocking Redis calls) in its thread pool.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import URL, FormData
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import operate
+from ..admin import Admin, PageState
+from ..errors import ConnectionFailed, DelayqError, InvalidTaskError
+from ..metrics import QueueCollector
+from ..present import first_line, human_seconds, payload_text, preview, relative, timestamp
+from ..queue import Queue
+from .auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
+from .charts import WINDOWS, lateness_chart, timeline_chart
+
+PAGE = 50
+NAMES_TTL = 10.0  # seconds a discovered queue list is reused
+
+
+class Dashboard:
+    def __init__(self, admin: Admin, secrets: Secrets, read_only: bool) -> None:
+        self.admin = admin
+        self.secrets = secrets
+        self.read_only = read_only
+        self.env = Environment(
+            loader=PackageLoader("delayq.dashboard", "templates"),
+            autoescape=select_autoescape(default=True),
+        )
+        self.env.filters.update(
+            human=human_seconds,
+            preview=preview,
+            pretty=payload_text,
+            reason=first_line,
+            ts=timestamp,
+        )
+        self.registry = CollectorRegistry()
+        self.registry.register(QueueCollector(admin, self.names))
+        self._names: tuple[float, list[str]] = (0.0, [])
+        self._lock = threading.Lock()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The queues shown: those given at start, else those found (cached briefly)."""
+        if self.admin.explicit:
+            return list(self.admin.explicit)
+        with self._lock:
+            at, names = self._names
+            if time.monotonic() - at > NAMES_TTL:
+                names = self.admin.discover()
+                self._names = (time.monotonic(), names)
+            return list(names)
+
+    def queue(self, name: str) -> Queue:
+        if self.admin.explicit and name not in self.admin.explicit:
+            raise HTTPException(404, f"queue {name!r} is not shown by this dashboard")
+        try:
+            return self.admin.queue(name)
+        except ValueError:
+            raise HTTPException(404, "no such queue") from None
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        now = context.get("now")
+        html = self.env.get_template(template).render(
+            request=request,
+            read_only=self.read_only,
+            csrf=self.secrets.csrf,
+            where=self.admin.where,
+            msg=request.query_params.get("msg", ""),
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            rel=(lambda when: relative(when, now)) if now is not None else (lambda when: "-"),
+            **context,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    @staticmethod
+    def _offset(request: Request) -> int:
+        try:
+            return max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            return 0
+
+    # -- pages -------------------------------------------------------------------------------------
+
+    def overview(self, request: Request) -> HTMLResponse:
+        overviews = self.admin.overviews(self.names())
+        now = overviews[0].stats.now if overviews else None
+        return self.render(request, "overview.html", title="Queues", overviews=overviews, now=now)
+
+    def api_queues(self, request: Request) -> JSONResponse:
+        """Live counts for the overview's script: display strings, formatted here."""
+        out = []
+        for ov in self.admin.overviews(self.names()):
+            s = ov.stats
+            out.append(
+                {
+                    "queue": ov.name,
+                    "scheduled": str(s.scheduled),
+                    "due": str(s.due),
+                    "active": str(s.active),
+                    "dead": str(s.dead),
+                    "oldest": human_seconds(s.oldest_due_age) if s.due else "-",
+                    "next": relative(s.next_due_at, s.now),
+                    "workers": str(len(ov.live_workers)),
+                }
+            )
+        return JSONResponse(out)
+
+    def queue_page(self, request: Request) -> HTMLResponse:
+        q = self.queue(request.path_params["name"])
+        window = request.query_params.get("window", "1h")
+        if window not in WINDOWS:
+            window = "1h"
+        ov = self.admin.overview(q.name)
+        timeline = self.admin.timeline(q.name, *WINDOWS[window])
+        late, summary = lateness_chart(self.admin.finished(q.name, 500))
+        upcoming = self.admin.tasks(q.name, "scheduled", 0, 10)
+        return self.render(
+            request,
+            "queue.html",
+            title=q.name,
+            ov=ov,
+            s=ov.stats,
+            now=ov.stats.now,
+            windows=list(WINDOWS),
+            window=window,
+            timeline=timeline_chart(timeline),
+            later=timeline.later,
+            late=late,
+            summary=summary,
+            upcoming=upcoming,
+        )
+
+    def tasks_page(self, request: Request) -> HTMLResponse:
+        q = self.queue(request.path_params["name"])
+        state: PageState = "active" if request.url.path.endswith("/active") else "scheduled"
+        offset = self._offset(request)
+        ov = self.admin.overview(q.name)
+        tasks = self.admin.tasks(q.name, state, offset, PAGE)
+        total = ov.stats.active if state == "active" else ov.stats.scheduled
+        return self.render(
+            request,
+            "tasks.html",
+            title=f"{q.name}: {state}",
+            ov=ov,
+            state=state,
+            tasks=tasks,
+            total=total,
+            offset=offset,
+            page=PAGE,
+            now=ov.stats.now,
+        )
+
+    def dead_page(self, request: Request) -> HTMLResponse:
+        q = self.queue(request.path_params["name"])
+        offset = self._offset(request)
+        stats = q.stats()
+        tasks = self.admin.dead(q.name, offset, PAGE)
+        return self.render(
+            request,
+            "dead.html",
+            title=f"{q.name}: dead",
+            queue=q.name,
+            tasks=tasks,
+            total=stats.dead,
+            offset=offset,
+            page=PAGE,
+            now=stats.now,
+        )
+
+    def task_page(self, request: Request) -> HTMLResponse:
+        task_id = request.query_params.get("id", "").strip()
+        queue = request.query_params.get("queue", "")
+        names = self.names()
+        found, error = [], ""
+        if task_id:
+            try:
+                found = self.admin.find_task(task_id, [self.queue(queue).name] if queue else names)
+            except InvalidTaskError as e:
+                error = str(e)
+            if not found and not error:
+                error = "no task with this id" + (f" in {queue}" if queue else " in any queue")
+        now = self.admin.queue(found[0].queue).stats().now if found else None
+        return self.render(
+            request,
+            "task.html",
+            title="Task lookup",
+            names=names,
+            task_id=task_id,
+            queue=queue,
+            found=found,
+            error=error,
+            now=now,
+            status=404 if error else 200,
+        )
+
+    def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- actions -------------------------------------------------------------------------------
+
+    async def _act(
+        self, request: Request, work: Callable[[Queue, list[str], FormData], str]
+    ) -> Response:
+        if self.read_only:
+            return PlainTextResponse("403 this dashboard is read-only\n", status_code=403)
+        form = await request.form()
+        token = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
+        if not same_origin(request) or not self.secrets.is_csrf(
+            token if isinstance(token, str) else None
+        ):
+            return PlainTextResponse(
+                "403 missing or wrong CSRF token; reload the page\n", status_code=403
+            )
+        q = self.queue(request.path_params["name"])
+        ids = [i for i in form.getlist("id") if isinstance(i, str) and i]
+        try:
+            message = await run_in_threadpool(work, q, ids, form)
+        except InvalidTaskError as e:
+            message = str(e)
+        return RedirectResponse(
+            _back(form.get("next"), f"/queues/{q.name}", message), status_code=303
+        )
+
+    async def replay(self, request: Request) -> Response:
+        def work(q: Queue, ids: list[str], form: FormData) -> str:
+            if not ids and form.get("all") != "1":
+                return "nothing selected"
+            n = operate.replay_dead(q, ids or None)
+            return f"replayed {n} task(s)"
+
+        return await self._act(request, work)
+
+    async def purge(self, request: Request) -> Response:
+        def work(q: Queue, ids: list[str], form: FormData) -> str:
+            if not ids and form.get("all") != "1":
+                return "nothing selected"
+            n = operate.purge_dead(q, ids or None)
+            return f"deleted {n} dead task(s)"
+
+        return await self._act(request, work)
+
+    async def cancel(self, request: Request) -> Response:
+        return await self._act(
+            request, lambda q, ids, _f: "; ".join(operate.cancel(q, i).message for i in ids)
+        )
+
+    async def run_now(self, request: Request) -> Response:
+        return await self._act(
+            request, lambda q, ids, _f: "; ".join(operate.run_now(q, i).message for i in ids)
+        )
+
+
+def _back(target: Any, default: str, message: str) -> str:
+    """Where to go after an action: a local path only (never another site)."""
+    if (
+        not isinstance(target, str)
+        or not target.startswith("/")
+        or target.startswith(("//", "/\\"))
+    ):
+        target = default
+    url = URL(target).remove_query_params("msg")
+    return str(url.include_query_params(msg=message))
+
+
+def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlette:
+    """The dashboard as an ASGI app (all of it, /metrics included, behind the token)."""
+    secrets = Secrets(token)
+    dash = Dashboard(admin, secrets, read_only)
+
+    async def unreachable(request: Request, exc: Exception) -> Response:
+        return dash.render(
+            request, "error.html", status=503, title="Redis unreachable", error=str(exc)
+        )
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        return dash.render(request, "error.html", status=500, title="Error", error=str(exc))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        detail = exc.detail if isinstance(exc, HTTPException) else "not found"
+        code = exc.status_code if isinstance(exc, HTTPException) else 404
+        return dash.render(request, "error.html", status=code, title="Not found", error=detail)
+
+    routes = [
+        Route("/", dash.overview),
+        Route("/api/queues", dash.api_queues),
+        Route("/task", dash.task_page),
+        Route("/metrics", dash.metrics),
+        Route("/favicon.ico", lambda _request: Response(status_code=204)),
+        Route("/queues/{name}", dash.queue_page),
+        Route("/queues/{name}/scheduled", dash.tasks_page),
+        Route("/queues/{name}/active", dash.tasks_page),
+        Route("/queues/{name}/dead", dash.dead_page),
+        Route("/queues/{name}/dead/replay", dash.replay, methods=["POST"]),
+        Route("/queues/{name}/dead/purge", dash.purge, methods=["POST"]),
+        Route("/queues/{name}/task/cancel", dash.cancel, methods=["POST"]),
+        Route("/queues/{name}/task/run-now", dash.run_now, methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("delayq.dashboard", "static")]), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(TokenAuth, secrets=secrets)],
+        exception_handlers={
+            ConnectionFailed: unreachable,
+            DelayqError: failed,
+            HTTPException: not_found,
+        },
+    )
+    app.state.dashboard = dash
+    return app

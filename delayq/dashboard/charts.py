@@ -1,0 +1,111 @@
+"""Bar charts as plain data for server-side SVG: no JavaScript charting, no build step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..admin import Finished, Timeline
+
+WIDTH, HEIGHT, PAD = 720, 150, 18
+
+# name -> (bucket seconds, buckets): about 60-100 bars whatever the window.
+WINDOWS: dict[str, tuple[float, int]] = {
+    "10m": (10, 60),
+    "1h": (60, 60),
+    "6h": (300, 72),
+    "24h": (900, 96),
+    "7d": (7200, 84),
+}
+
+# Upper bounds (seconds) of the lateness chart's bars; the last bar holds the rest.
+LATENESS_EDGES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300)
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    w: float
+    h: float
+    value: int
+    title: str
+    css: str = "bar"
+
+
+@dataclass
+class Chart:
+    bars: list[Bar]
+    ticks: list[tuple[float, str]] = field(default_factory=list)
+    top: int = 0
+    width: int = WIDTH
+    height: int = HEIGHT + PAD
+
+
+def _span(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds < 60:
+        return f"{seconds:g}s"
+    if seconds < 3600:
+        return f"{seconds / 60:g}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:g}h"
+    return f"{seconds / 86400:g}d"
+
+
+def _bars(values: list[int], titles: list[str], css: list[str]) -> tuple[list[Bar], int]:
+    top = max(values, default=0) or 1
+    step = WIDTH / max(len(values), 1)
+    bars = []
+    for i, (v, t, c) in enumerate(zip(values, titles, css, strict=True)):
+        h = 0.0 if v == 0 else max(1.5, HEIGHT * v / top)
+        bars.append(Bar(i * step + 1, HEIGHT - h, max(step - 2, 1), h, v, t, c))
+    return bars, max(values, default=0)
+
+
+def timeline_chart(tl: Timeline) -> Chart:
+    """Overdue tasks as the first (red) bar, then one bar per bucket from now on."""
+    w = tl.bucket_seconds
+    values = [tl.overdue, *tl.counts]
+    titles = [f"{tl.overdue} overdue"] + [
+        f"{c} due in {_span(i * w)} to {_span((i + 1) * w)}" for i, c in enumerate(tl.counts)
+    ]
+    css = ["bar overdue"] + ["bar"] * len(tl.counts)
+    bars, top = _bars(values, titles, css)
+    step = WIDTH / len(values)
+    n = len(tl.counts)
+    ticks = [
+        (step * (1 + i), "now" if i == 0 else "+" + _span(i * w))
+        for i in range(0, n, max(n // 4, 1))
+    ]
+    return Chart(bars, ticks, top)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def lateness_chart(finished: list[Finished]) -> tuple[Chart, dict[str, float]]:
+    """How long recent tasks took from due time to finish, as a histogram and percentiles."""
+    values = sorted(v for f in finished if (v := f.due_to_done) is not None)
+    counts = [0] * (len(LATENESS_EDGES) + 1)
+    for v in values:
+        i = next((j for j, edge in enumerate(LATENESS_EDGES) if v <= edge), len(LATENESS_EDGES))
+        counts[i] += 1
+    labels = [f"≤{_span(e)}" for e in LATENESS_EDGES] + [f">{_span(LATENESS_EDGES[-1])}"]
+    titles = [f"{c} task(s) {label}" for c, label in zip(counts, labels, strict=True)]
+    css = ["bar"] * 7 + ["bar warn"] * 3 + ["bar overdue"]
+    bars, top = _bars(counts, titles, css)
+    step = WIDTH / len(counts)
+    ticks = [(step * i + step / 2, label) for i, label in enumerate(labels)]
+    summary = {
+        "n": float(len(values)),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": values[-1] if values else 0.0,
+    }
+    return Chart(bars, ticks, top), summary

@@ -1,0 +1,22 @@
+-- page: a page of the waiting or running tasks, in order of their scores (read-only).
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] tasks
+-- KEYS[4] errors
+-- ARGV[1] state      "scheduled" (by due time) or "active" (by lease deadline)
+-- ARGV[2] offset
+-- ARGV[3] limit
+-- Returns: flat quadruples: id, score (ms), record (or false), last error (or false).
+local set = K.scheduled
+if A.state == 'active' then set = K.active end
+local ids = redis.call('ZRANGE', set, tonumber(A.offset),
+  tonumber(A.offset) + tonumber(A.limit) - 1, 'WITHSCORES')
+local out = {}
+for i = 1, #ids, 2 do
+  local id = ids[i]
+  out[#out + 1] = id
+  out[#out + 1] = ids[i + 1]
+  out[#out + 1] = redis.call('HGET', K.tasks, id)
+  out[#out + 1] = redis.call('HGET', K.errors, id)
+end
+return out

@@ -1,0 +1,92 @@
+"""Showing tasks and times to people: shared by the CLI and the dashboard. Pure."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+from .task import TaskInfo
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: str) -> str:
+    """Text from Redis (errors, ids) with control characters shown, not obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def human_seconds(s: float) -> str:
+    """0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'."""
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def relative(when: datetime | None, now: datetime) -> str:
+    """'in 5m00s' / '3.0s ago' / '-'."""
+    if when is None:
+        return "-"
+    delta = (when - now).total_seconds()
+    return f"in {human_seconds(delta)}" if delta >= 0 else f"{human_seconds(-delta)} ago"
+
+
+def payload_text(payload: Any) -> str:
+    """A payload as indented JSON (control characters escaped by the encoder)."""
+    try:
+        return safe(json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True))
+    except (TypeError, ValueError):
+        return safe(repr(payload))
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when else None
+
+
+def task_dict(info: TaskInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "queue": info.queue,
+        "state": info.state,
+        "kind": info.kind,
+        "payload": info.payload,
+        "attempts": info.attempts,
+        "max_attempts": info.max_attempts,
+        "due_at": _iso(info.due_at),
+        "created_at": _iso(info.created_at),
+        "lease_deadline": _iso(info.lease_deadline),
+        "finished_at": _iso(info.finished_at),
+        "last_error": info.last_error,
+    }
+
+
+def preview(payload: Any, limit: int = 120) -> str:
+    """A payload on one line, cut to ``limit`` characters."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):
+        text = repr(payload)
+    text = safe(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def first_line(text: str | None) -> str:
+    """The line of an error that says most: a traceback's last line, else the first."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return safe(lines[-1] if lines[0].startswith(("Traceback", "attempt ")) else lines[0])
+
+
+def timestamp(when: datetime | None) -> str:
+    """'2026-11-29 21:24:32.472 UTC' (milliseconds are what due times carry)."""
+    if when is None:
+        return "-"
+    return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"

@@ -1,0 +1,343 @@
+"""The worker's side of periodic schedules: ``@worker.cron`` and ``@worker.every``.
+
+Every worker that declares schedules runs them; there is no leader. Each occurrence is a task
+with a deterministic id, and a schedule is one chain of such tasks:
+
+- **when an occurrence starts**, before the user's function, one script (cron_next.lua)
+  checks the lease, applies ``max_running`` and, if this occurrence is the schedule's
+  current one, creates the next occurrence (time chosen by the catch-up policy) and records
+  the run. A crash before that script means the lease expires and the occurrence runs
+  again, creating its successor then; a crash after it leaves the successor in place. The
+  successor is never created at claim time itself (claim.lua knows nothing of schedules),
+  but nothing is skipped in between: the occurrence stays leased until its outcome is
+  written.
+- **at start-up**, and every ``tick_s`` after, a pass (cron_sync.lua, compare-and-set per
+  schedule) makes sure each declared schedule has its pending occurrence: it creates new
+  schedules, replaces one whose times changed (start-up only), continues a chain whose
+  occurrence was consumed unrun (buried by a worker without the handler, cancelled), and
+  parks schedules that no live worker declares any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import cron_ops
+from ..cron import (
+    DEFAULT_CATCH_UP_LIMIT,
+    DEFAULT_MISFIRE_GRACE_S,
+    CatchUp,
+    Schedule,
+    cron_schedule,
+    every_schedule,
+    interval_ms,
+    occurrence_of,
+    validate_name,
+)
+from ..errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost, Retry
+from ..task import Task
+from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger("delayq.cron")
+
+TICK_S = 30.0  # the periodic check
+ORPHAN_GRACE_S = 120.0  # undeclared this long (and by no live worker): parked
+FORGET_AFTER_S = 30 * 86400.0  # parked this long: forgotten
+DEFER_MIN_MS, DEFER_MAX_MS = 50, 1000  # an occurrence waiting for a max_running slot
+QUICK_RETRIES = (0.01, 0.02, 0.04, None)  # busy: look again after these pauses, then defer
+
+
+@dataclass(frozen=True)
+class _Entry:
+    sched: Schedule
+    fn: HandlerFn
+    is_async: bool
+    timeout: float | None
+
+
+def _default_name(fn: HandlerFn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+class Schedules:
+    """The periodic schedules declared on one worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.entries: dict[str, _Entry] = {}
+        self.tick_s = TICK_S
+        self.orphan_grace_s = ORPHAN_GRACE_S
+        self.forget_after_s = FORGET_AFTER_S
+        self._synced = False
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- declaring ------------------------------------------------------------------------
+
+    def cron(
+        self,
+        expression: str,
+        *,
+        tz: str = "UTC",
+        name: str | None = None,
+        catch_up: CatchUp = "latest",
+        max_running: int = 1,
+        misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_S,
+        catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT,
+        **handler_options: Any,
+    ) -> Callable[[HandlerFn], HandlerFn]:
+        """Run the decorated function at each time matching a five-field cron ``expression``
+        on the wall clock of ``tz``. A bad expression, zone or option raises
+        ConfigurationError here. ``handler_options``: max_attempts, backoff, jitter, timeout.
+        """
+
+        def build(sched_name: str) -> Schedule:
+            return cron_schedule(
+                sched_name,
+                expression,
+                tz=tz,
+                catch_up=catch_up,
+                max_running=max_running,
+                misfire_grace=misfire_grace,
+                catch_up_limit=catch_up_limit,
+            )
+
+        return self._declare(name, build, handler_options)
+
+    def every(
+        self,
+        interval: float | timedelta | None = None,
+        *,
+        seconds: float | None = None,
+        minutes: float | None = None,
+        hours: float | None = None,
+        name: str | None = None,
+        catch_up: CatchUp = "latest",
+        max_running: int = 1,
+        misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_S,
+        catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT,
+        **handler_options: Any,
+    ) -> Callable[[HandlerFn], HandlerFn]:
+        """Run the decorated function every interval, on a grid counted from the Unix epoch
+        (``every(minutes=5)`` runs at :00, :05, ... whenever the workers started)."""
+        ms = interval_ms(interval, seconds=seconds, minutes=minutes, hours=hours)
+
+        def build(sched_name: str) -> Schedule:
+            return every_schedule(
+                sched_name,
+                ms,
+                catch_up=catch_up,
+                max_running=max_running,
+                misfire_grace=misfire_grace,
+                catch_up_limit=catch_up_limit,
+            )
+
+        return self._declare(name, build, handler_options)
+
+    def _declare(
+        self,
+        name: str | None,
+        build: Callable[[str], Schedule],
+        handler_options: dict[str, Any],
+    ) -> Callable[[HandlerFn], HandlerFn]:
+        unknown = set(handler_options) - {"max_attempts", "backoff", "jitter", "timeout"}
+        if unknown:
+            raise ConfigurationError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
+        options = {"max_attempts": DEFAULT_MAX_ATTEMPTS, **handler_options}
+        timeout = options.pop("timeout", None)
+        if name is not None:
+            build(validate_name(name))  # every error surfaces here, before the decorator
+        else:
+            build("check")  # the expression and options, before a name exists
+
+        def register(fn: HandlerFn) -> HandlerFn:
+            if name is not None:
+                sched = build(name)
+            else:
+                default = _default_name(fn)
+                try:
+                    validate_name(default)
+                except ConfigurationError:
+                    raise ConfigurationError(
+                        f"a schedule is named after its function by default, and {default!r} "
+                        "is not a valid name: pass name='...' (letters, digits, '_.:-')"
+                    ) from None
+                sched = build(default)
+            if sched.name in self.entries:
+                raise ConfigurationError(
+                    f"a schedule named {sched.name!r} is already declared on this worker"
+                )
+            # The handler runs our wrapper, which applies the timeout to the function only
+            # (an occurrence waiting for a max_running slot is not timed out).
+            handler = make_handler(sched.kind, self._runner_for(sched.name), **options)
+            probe = make_handler(sched.kind, fn, timeout=timeout)
+            self.worker.registry.add(handler)
+            self.entries[sched.name] = _Entry(sched, fn, probe.is_async, probe.timeout)
+            if len(self.entries) == 1:
+                self.worker.on_startup(self._on_startup)
+            return fn
+
+        return register
+
+    def _runner_for(self, name: str) -> Callable[[Task], Any]:
+        async def run_occurrence(task: Task) -> None:
+            await self.run(self.entries[name], task)
+
+        return run_occurrence
+
+    # -- running an occurrence -----------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        """The server's clock as the worker tracks it (no round trip)."""
+        offset = self.worker.clock.offset
+        if offset is None:
+            return round(time.time() * 1000)
+        return round((asyncio.get_running_loop().time() + offset) * 1000)
+
+    async def run(self, entry: _Entry, task: Task) -> None:
+        sched = entry.sched
+        occurrence = occurrence_of(task.id)
+        if occurrence is None:
+            raise Fail(f"task id {task.id!r} is not an occurrence of schedule {sched.name!r}")
+        worker = self.worker
+        for i, pause in enumerate(QUICK_RETRIES):
+            now = self._now_ms()
+            decision = sched.decide(occurrence, now)
+            op = cron_ops.start(worker.core, sched, task.id, task.token, occurrence, decision)
+            status = await worker.runner.run(op)
+            if status not in ("busy", "waiting") or pause is None or (status, i) == ("waiting", 0):
+                break
+            # The run ahead may have just finished, its outcome not yet written (catch-up
+            # runs queue up like this): look again shortly before handing the task back. One
+            # that has waited before (a long run ahead) is handed back at once.
+            await asyncio.sleep(pause)
+        if status == "lost":
+            task.lease_lost.set()
+            raise LeaseLost(f"lease of occurrence {task.id} was lost before it started")
+        if status in ("busy", "waiting"):
+            # max_running runs are on: wait (delay, not skip). The running one's outcome moves
+            # this back to now; the deferral is the fallback, longer the longer it waits.
+            raise Defer(min(DEFER_MAX_MS, max(DEFER_MIN_MS, (now - occurrence) // 4)))
+        if status == "skip":
+            log.warning("schedule %r: occurrence %s %s", sched.name, task.id, decision.reason)
+            raise Discard(decision.reason)
+        try:
+            await self._call(entry, task)
+        except Exception as e:
+            outcome, error = _classify(task, e)
+            await self._record(sched.name, task.id, outcome, error)
+            raise
+        await self._record(sched.name, task.id, "succeeded", "")
+
+    async def _call(self, entry: _Entry, task: Task) -> Any:
+        if entry.is_async:
+            coro = entry.fn(task)
+            if entry.timeout is None:
+                return await coro
+            return await asyncio.wait_for(coro, entry.timeout)
+        fut = self.worker.threads.submit(entry.fn, task)
+        if entry.timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), entry.timeout)
+        except TimeoutError:
+            task.lease_lost.set()  # as the executor does: a cooperative function may stop
+            raise TimeoutError(
+                f"schedule function took longer than its timeout of {entry.timeout} s"
+            ) from None
+
+    async def _record(self, name: str, task_id: str, outcome: str, error: str) -> None:
+        try:
+            await self.worker.runner.run(
+                cron_ops.outcomes(self.worker.core, [(name, task_id, outcome, error)])
+            )
+        except DelayqError as e:
+            # Informational only: the run's slot is freed anyway once its lease is gone.
+            log.warning("schedule %r: could not record the outcome of %s: %s", name, task_id, e)
+
+    # -- the start-up pass and the periodic check ------------------------------------------------
+
+    async def _on_startup(self, _worker: Worker) -> None:
+        try:
+            await self.sync(startup=True)
+            self._synced = True
+        except DelayqError as e:
+            log.warning("schedules: start-up pass failed (%s); retrying in %.0f s", e, self.tick_s)
+        self._ticker = asyncio.create_task(self._tick_loop(), name="delayq-cron")
+
+    async def _tick_loop(self) -> None:
+        stopping = self.worker._stopping  # set when the worker begins to shut down
+        assert stopping is not None
+        while True:
+            try:
+                await asyncio.wait_for(stopping.wait(), self.tick_s * random.uniform(0.8, 1.2))
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.sync(startup=not self._synced)
+                self._synced = True
+            except DelayqError as e:
+                log.warning("schedules: periodic check failed (%s)", e)
+            except Exception:
+                log.exception("schedules: periodic check failed")
+
+    async def sync(self, *, startup: bool) -> int:
+        """Bring the stored schedules in line (see :func:`cron_ops.plan`); returns the number
+        of changes applied. A change refused because another worker changed the schedule
+        meanwhile is planned again from a fresh read."""
+        worker = self.worker
+        own = [e.sched for e in self.entries.values()]
+        applied = 0
+        for _ in range(5):
+            state, registered = await worker.runner.run_many(
+                [cron_ops.read(worker.core), worker.core.workers(limit=1000)]
+            )
+            live = {k for w in registered if w.alive for k in w.kinds}
+            changes = cron_ops.plan(
+                worker.core,
+                own,
+                state,
+                live,
+                startup=startup,
+                orphan_grace_ms=round(self.orphan_grace_s * 1000),
+                forget_after_ms=round(self.forget_after_s * 1000),
+            )
+            if not changes:
+                return applied
+            done = await worker.runner.run(cron_ops.sync(worker.core, changes))
+            applied += sum(done)
+            for change, ok in zip(changes, done, strict=True):
+                if ok and change.meta is not None and "parked" in change.meta:
+                    log.warning(
+                        "schedule %r is declared by no live worker: its pending occurrence "
+                        "is removed (parked) until a worker declaring it starts",
+                        change.name,
+                    )
+            if all(done):
+                return applied
+        log.info("schedules kept changing during the check; trying again at the next one")
+        return applied
+
+
+def _classify(task: Task, e: Exception) -> tuple[str, str]:
+    """What the executor will make of the function's exception (see execute.py)."""
+    will_retry = task.attempt < task.max_attempts
+    if isinstance(e, Discard):
+        return "discarded", e.reason
+    if isinstance(e, Fail):
+        return "dead", f"Fail: {e.reason}"
+    if isinstance(e, Defer):
+        return "deferred", ""
+    if isinstance(e, Retry):
+        return ("retrying" if will_retry else "dead"), f"Retry: {e}"
+    return ("retrying" if will_retry else "dead"), f"{type(e).__name__}: {e}"

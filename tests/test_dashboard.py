@@ -1,0 +1,260 @@
+"""The dashboard: its security rules over plain HTTP, and its pages in a real headless
+Chromium (Debian's ``chromium`` driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from delayq import Fail, Queue, Worker
+from delayq.embedded import EmbeddedServer
+
+from .conftest import ROOT, WorkerThread
+from .dashboard_helpers import TOKEN, DashboardThread
+from .helpers import wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+XSS = "<script>window.__pwned = 1</script><img src=x onerror=window.__pwned=2>"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="Debian's chromium is not at /usr/bin/chromium: apt-get install chromium "
+    "(.ci/run installs it)",
+)
+
+
+def bury(queue: Queue, run_worker: Callable[[Worker], WorkerThread], n: int) -> list[str]:
+    ids = queue.schedule_many([{"kind": "bad", "payload": {"n": i}} for i in range(n)])
+    worker = Worker(queue, concurrency=4, lease=5)
+
+    @worker.handler("bad")
+    def bad(task: Any) -> None:
+        raise Fail(f"card declined for order {task.payload['n']}")
+
+    with run_worker(worker):
+        wait_for(lambda: queue.stats().dead == n)
+    return ids
+
+
+@pytest.fixture
+def dashboard(server: EmbeddedServer, queue: Queue) -> Iterator[str]:
+    with DashboardThread(server.url, [queue.name]) as base:
+        yield base
+
+
+def csrf_of(html: str) -> str:
+    m = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert m, "no CSRF field on the page"
+    return m.group(1)
+
+
+# -- security, over plain HTTP --------------------------------------------------------------
+
+
+def test_every_path_needs_the_token(dashboard: str, queue: Queue) -> None:
+    paths = ["/", "/api/queues", "/metrics", "/static/app.js", f"/queues/{queue.name}/dead"]
+    with httpx.Client(base_url=dashboard, timeout=10) as http:
+        for path in paths:
+            r = http.get(path)
+            assert r.status_code == 401, path
+            assert "token required" in r.text and r.headers["www-authenticate"].startswith("Bearer")
+        assert http.get("/", headers={"Authorization": "Bearer wrong-token"}).status_code == 401
+        assert http.get("/?token=wrong-token").status_code == 401
+        post = http.post(f"/queues/{queue.name}/dead/replay", data={"all": "1"})
+        assert post.status_code == 401
+        for path in paths:
+            assert http.get(path, headers=BEARER).status_code == 200, path
+
+
+def test_token_in_the_url_once_sets_an_httponly_cookie(dashboard: str, queue: Queue) -> None:
+    with httpx.Client(base_url=dashboard, timeout=10) as http:
+        r = http.get(f"/queues/{queue.name}/dead?offset=0&token={TOKEN}")
+        assert r.status_code == 303
+        assert r.headers["location"] == f"/queues/{queue.name}/dead?offset=0"  # token gone
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and TOKEN not in cookie
+        page = http.get("/")  # the client keeps the cookie
+        assert page.status_code == 200 and queue.name in page.text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["x-frame-options"] == "DENY"
+
+
+def test_actions_need_the_csrf_token_and_the_same_origin(
+    dashboard: str, queue: Queue, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    [dead_id] = bury(queue, run_worker, 1)
+    action = f"/queues/{queue.name}/dead/replay"
+    with httpx.Client(base_url=dashboard, timeout=10, headers=BEARER) as http:
+        csrf = csrf_of(http.get(f"/queues/{queue.name}/dead").text)
+        assert http.post(action, data={"id": dead_id}).status_code == 403
+        assert http.post(action, data={"id": dead_id, "csrf": "0" * 64}).status_code == 403
+        evil = {"origin": "https://evil.example"}
+        assert (
+            http.post(action, data={"id": dead_id, "csrf": csrf}, headers=evil).status_code == 403
+        )
+        assert queue.stats().dead == 1
+        ok = http.post(action, data={"id": dead_id, "csrf": csrf, "next": "//evil.example/x"})
+        assert ok.status_code == 303
+        assert ok.headers["location"].startswith(f"/queues/{queue.name}?msg=replayed")
+    info = queue.get(dead_id)
+    assert info is not None and info.state == "scheduled"
+
+
+def test_read_only_mode_shows_no_buttons_and_refuses_actions(
+    server: EmbeddedServer, queue: Queue, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    [dead_id] = bury(queue, run_worker, 1)
+    with (
+        DashboardThread(server.url, [queue.name], read_only=True) as base,
+        httpx.Client(base_url=base, timeout=10, headers=BEARER) as http,
+    ):
+        page = http.get(f"/queues/{queue.name}/dead")
+        assert "read-only" in page.text and 'method="post"' not in page.text
+        assert dead_id in page.text
+        refused = http.post(f"/queues/{queue.name}/dead/purge", data={"all": "1"})
+        assert refused.status_code == 403
+        assert http.get("/queues/not-shown").status_code == 404
+    assert queue.stats().dead == 1
+
+
+# -- in a real browser ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    page.dialogs = dialogs
+    yield page
+    context.close()
+
+
+@needs_chromium
+def test_overview_loads_and_its_counts_stay_live(dashboard: str, queue: Queue, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    queue.schedule_many([{"kind": "later", "delay": 600} for _ in range(2)])
+    response = page.goto(f"{dashboard}/?token={TOKEN}")
+    assert response.status == 200 and page.url == f"{dashboard}/"
+    expect(page.locator("h1")).to_have_text("Queues")
+    cell = page.locator(f'td[data-q="{queue.name}"][data-f="scheduled"]')
+    expect(cell).to_have_text("2")
+    queue.schedule("later", delay=600)
+    expect(cell).to_have_text("3")  # the page's script polls /api/queues
+
+
+@needs_chromium
+def test_replaying_a_dead_task_by_clicking(
+    dashboard: str, queue: Queue, page: Any, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    from playwright.sync_api import expect
+
+    first, second = bury(queue, run_worker, 2)
+    page.goto(f"{dashboard}/queues/{queue.name}/dead?token={TOKEN}")
+    row = page.locator("tr", has_text=first)
+    expect(row).to_contain_text("card declined for order 0")
+    row.get_by_role("button", name="Replay").click()
+    expect(page.locator(".flash")).to_have_text("replayed 1 task(s)")
+    replayed = queue.get(first)
+    assert replayed is not None and replayed.state == "scheduled"
+    assert queue.stats().dead == 1
+    page.get_by_role("button", name="Delete all").click()  # asks first; the test accepts
+    expect(page.locator(".flash")).to_have_text("deleted 1 dead task(s)")
+    assert page.dialogs == ["Delete all 1 dead tasks for good?"]
+    assert queue.get(second) is None
+
+
+@needs_chromium
+def test_a_request_without_the_token_is_refused(dashboard: str, page: Any) -> None:
+    response = page.goto(f"{dashboard}/")
+    assert response.status == 401
+    assert "token required" in page.content()
+    assert page.goto(f"{dashboard}/?token=not-the-token").status == 401
+
+
+@needs_chromium
+def test_a_payload_with_script_is_shown_as_text(
+    dashboard: str, queue: Queue, page: Any, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    from playwright.sync_api import expect
+
+    queue.schedule("later", {"note": XSS}, task_id="xss-waiting", delay=600)
+    page.goto(f"{dashboard}/task?id=xss-waiting&token={TOKEN}")
+    expect(page.locator("pre.payload")).to_contain_text(XSS)
+    page.goto(f"{dashboard}/queues/{queue.name}")
+    expect(page.locator("td.payload").first).to_contain_text("<script>")
+    page.goto(f"{dashboard}/task?id={'<script>alert(1)</script>'}")
+    expect(page.locator(".lookup input")).to_have_value("<script>alert(1)</script>")
+    assert page.evaluate("window.__pwned") is None
+    assert page.dialogs == []
+
+
+@needs_chromium
+def test_screenshot_of_a_busy_queue(
+    make_server: Callable[..., EmbeddedServer],
+    page: Any,
+    run_worker: Callable[[Worker], WorkerThread],
+    tmp_path: Path,
+) -> None:
+    """A picture for docs/: written when missing, or with DELAYQ_SCREENSHOT=1."""
+    srv = make_server(appendonly=False)
+    with Queue("orders", url=srv.url) as queue:
+        now = time.time()
+        queue.schedule_many(
+            [{"kind": "order.close", "payload": {"order_id": 100 + i}, "delay": i * 0.01}
+             for i in range(120)]
+            + [{"kind": "order.close", "payload": {"order_id": 500 + i},
+                "at": now + 30 + (i * 37) % 3500} for i in range(400)]
+            + [{"kind": "order.close", "payload": {"order_id": 900 + i, "fail": True}}
+               for i in range(3)]
+        )  # fmt: skip
+        worker = Worker(queue, concurrency=8, lease=30)
+
+        @worker.handler("order.close", max_attempts=1)
+        def close(task: Any) -> None:
+            time.sleep(0.002 * (task.payload["order_id"] % 7))
+            if task.payload.get("fail"):
+                raise RuntimeError(
+                    f"payment service timed out for order {task.payload['order_id']}"
+                )
+
+        with run_worker(worker), DashboardThread(srv.url, ["orders"]) as base:
+            wait_for(lambda: (s := queue.stats()).done == 120 and s.dead == 3)
+            page.goto(f"{base}/queues/orders?token={TOKEN}")
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("DELAYQ_SCREENSHOT") == "1" or not SCREENSHOT.exists():
+        SCREENSHOT.write_bytes(shot.read_bytes())
