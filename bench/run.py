@@ -20,13 +20,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import drain
+import expiring
 import idle
 import lateness
 import memory
 import schedule
 from common import Report, cleanup_all
 
-BENCHMARKS = {m.NAME: m for m in (lateness, drain, schedule, idle, memory)}
+BENCHMARKS = {m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring)}
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:

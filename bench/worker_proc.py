@@ -1,10 +1,14 @@
 """One delayq worker in its own process, for the benchmarks (see common.WorkerProcess).
 
 Runs a no-op handler (async or sync) for one task kind and records, for every start,
-``time.time() - task.due_at.timestamp()`` (lateness) and the task id. Prints ``ready`` once
-the worker is subscribed to its wake channel. Stops gracefully on SIGTERM/SIGINT, when
-stdin reaches EOF (the parent went away) or after --max-seconds; then writes a JSON report
-to --out.
+``time.time() - task.due_at.timestamp()`` (lateness) and the task id. With ``--mode expire``
+it registers an async ``on_expire`` callback on ``--pattern`` instead and records, for every
+call, ``time.time() - expired.deadline.timestamp()``, the key and ``expired.via``; with
+``--events PATH`` each call is also appended to PATH as it happens (one unbuffered write, so
+a SIGKILLed worker leaves what it saw behind); ``--log PATH`` sends delayq's warnings there
+instead of stderr. Prints ``ready`` once the worker is subscribed to its wake channel. Stops
+gracefully on SIGTERM/SIGINT, when stdin reaches EOF (the parent went away) or after
+--max-seconds; then writes a JSON report to --out.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -20,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from delayq import Queue, Task, Worker
+from delayq.worker.expiry import Expired
 
 
 def parse_args() -> argparse.Namespace:
@@ -27,7 +33,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--url", required=True)
     p.add_argument("--queue", required=True)
     p.add_argument("--kind", default="bench.noop")
-    p.add_argument("--mode", choices=("async", "sync"), default="async")
+    p.add_argument("--mode", choices=("async", "sync", "expire"), default="async")
+    p.add_argument("--pattern", default="bench:*", help="--mode expire: the on_expire pattern")
+    p.add_argument("--events", help="--mode expire: append 'key<TAB>lateness<TAB>via' lines")
+    p.add_argument("--log", help="write delayq's warnings here instead of stderr")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--record", choices=("lateness", "count"), default="lateness")
@@ -44,6 +53,8 @@ class Recorder:
         self.runs: Counter[str] = Counter()
         self.first_start: float | None = None
         self.last_start: float | None = None
+        self.seen: list[tuple[str, float, str]] = []
+        self.events_fd: int | None = None
 
     def note(self, task: Task) -> None:
         now = time.time()
@@ -56,7 +67,29 @@ class Recorder:
             self.lateness.append(now - task.due_at.timestamp())
         self.runs[task.id] += 1
 
+    def note_expired(self, expired: Expired) -> None:
+        now = time.time()
+        if self.first_start is None:
+            self.first_start = now
+        self.last_start = now
+        late = now - expired.deadline.timestamp()
+        self.seen.append((expired.key, late, expired.via))
+        self.runs[expired.key] += 1
+        if self.events_fd is not None:
+            os.write(self.events_fd, f"{expired.key}\t{late:.6f}\t{expired.via}\n".encode())
+
     def report(self) -> dict[str, Any]:
+        if self.seen:
+            return {
+                "started": len(self.seen),
+                "distinct": len(self.runs),
+                "duplicates": sum(1 for n in self.runs.values() if n > 1),
+                "first_start": self.first_start,
+                "last_start": self.last_start,
+                "lateness": [late for _, late, _ in self.seen],
+                "seen": self.seen,  # [key, lateness s, via] per callback, in order
+                "via": dict(Counter(via for _, _, via in self.seen)),
+            }
         return {
             "started": sum(self.runs.values()),
             "distinct": len(self.runs),
@@ -85,13 +118,18 @@ async def serve(worker: Worker) -> None:
     await task
 
 
-def main() -> None:
-    args = parse_args()
-    queue = Queue(args.queue, url=args.url)
-    worker = Worker(queue, concurrency=args.concurrency, lease=args.lease)
-    rec = Recorder(keep_lateness=args.record == "lateness")
+def register(worker: Worker, args: argparse.Namespace, rec: Recorder) -> None:
+    """The handler (or the on_expire callback) for the mode asked for."""
+    if args.events:
+        rec.events_fd = os.open(args.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
-    if args.mode == "async":
+    if args.mode == "expire":
+
+        @worker.on_expire(args.pattern)
+        async def on_expire(expired: Expired) -> None:
+            rec.note_expired(expired)
+
+    elif args.mode == "async":
 
         @worker.handler(args.kind)
         async def noop_async(task: Task) -> None:
@@ -102,6 +140,19 @@ def main() -> None:
         @worker.handler(args.kind)
         def noop_sync(task: Task) -> None:
             rec.note(task)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.log:
+        logging.basicConfig(
+            filename=args.log, level=logging.WARNING, format="%(created).3f %(message)s"
+        )
+    queue = Queue(args.queue, url=args.url)
+    worker = Worker(queue, concurrency=args.concurrency, lease=args.lease)
+    rec = Recorder(keep_lateness=args.record == "lateness")
+
+    register(worker, args, rec)
 
     def hard_exit() -> None:
         os._exit(3)  # stop did not finish in time: never linger
