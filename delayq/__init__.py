@@ -6,6 +6,7 @@ from .errors import (
     ConnectionFailed,
     DelayqError,
     Discard,
+    DurabilityError,
     Fail,
     InvalidTaskError,
     LeaseLost,
@@ -16,6 +17,8 @@ from .errors import (
 from .queue import AsyncQueue, Queue
 from .task import QueueStats, Task, TaskInfo
 from .worker import Worker
+from .worker.events import TaskEvent
+from .worker.expiry import Expired
 
 __version__ = "0.1.0"
 
@@ -25,6 +28,8 @@ __all__ = [
     "ConnectionFailed",
     "DelayqError",
     "Discard",
+    "DurabilityError",
+    "Expired",
     "Fail",
     "InvalidTaskError",
     "LeaseLost",
@@ -34,6 +39,7 @@ __all__ = [
     "Retry",
     "ScriptError",
     "Task",
+    "TaskEvent",
     "TaskInfo",
     "TaskSpec",
     "Worker",

@@ -3,25 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
 
-from delayq import AsyncQueue, Queue
+from delayq import AsyncQueue, ConfigurationError, Queue, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.worker.expiry import Expired
 from examples.fastapi_orders.app import create_app
 from examples.fastapi_orders.settings import Settings, close_task_id
 from examples.fastapi_orders.store import Store
 from examples.fastapi_orders.worker import make_worker
 from examples.flaky_http import KIND, StandInStorage
 from examples.flaky_http import make_worker as make_http_worker
+from examples.nightly_report import REPORT, TZ, create_orders
+from examples.nightly_report import make_worker as make_report_worker
+from examples.upload_cleanup import SessionExpired, UploadSessions, session_key, temp_key
+from examples.upload_cleanup import make_worker as make_upload_worker
 
 from .helpers import wait_for
 
@@ -250,3 +260,201 @@ def test_flaky_http_example_runs(server: EmbeddedServer) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "every task ended as expected" in out.stdout
+
+
+def run_example(script: str, server: EmbeddedServer, *args: str) -> str:
+    """``python examples/<script>`` as a user runs it (on the fixture's server)."""
+    out = subprocess.run(
+        [sys.executable, f"examples/{script}", "--url", server.url, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+# -- examples/upload_cleanup.py ---------------------------------------------------------------
+
+Cleaned = list[tuple[Expired, int | None, datetime]]  # each callback run, and when it ran
+
+
+@pytest.fixture
+def uploads(queue: Queue, tmp_path: Path) -> UploadSessions:
+    return UploadSessions(queue, tmp_path / "storage", ttl=0.6)
+
+
+def upload_worker(queue: Queue, uploads: UploadSessions, cleaned: Cleaned) -> Worker:
+    return make_upload_worker(
+        uploads.storage,
+        queue=queue.name,
+        redis_url=queue.url,
+        on_cleanup=lambda e, removed: cleaned.append((e, removed, datetime.now(UTC))),
+    )
+
+
+def test_abandoned_upload_is_deleted_after_its_ttl_with_the_value(
+    queue: Queue, uploads: UploadSessions, run_worker: Any
+) -> None:
+    cleaned: Cleaned = []
+    with run_worker(upload_worker(queue, uploads, cleaned)):
+        upload_id = uploads.start(10)
+        assert uploads.receive(upload_id, b"abcd") == 4
+        temp = uploads.storage / temp_key(upload_id)
+        # A session whose file is already gone (an earlier run of the callback deleted it,
+        # then the worker died before recording the task as done): that is done too.
+        vanished = uploads.start(5)
+        (uploads.storage / temp_key(vanished)).unlink()
+        assert temp.exists() and cleaned == []
+        wait_for(lambda: len(cleaned) == 2, timeout=10)
+    assert not temp.exists()
+    runs = {e.key: (e, removed, ran_at) for e, removed, ran_at in cleaned}
+    expired, removed, ran_at = runs[session_key(upload_id)]
+    assert expired.value == {"object_key": temp_key(upload_id), "bytes": 10}
+    assert removed == 4 and expired.guaranteed
+    assert ran_at >= expired.deadline - timedelta(milliseconds=2)  # never early
+    assert runs[session_key(vanished)][0].value["bytes"] == 5
+    assert runs[session_key(vanished)][1] is None
+    assert queue.client.exists(session_key(upload_id), session_key(vanished)) == 0
+    counters = queue.stats().counters
+    assert counters.get("succeeded") == 2 and not counters.get("dead")
+    # The client comes back too late: the session is gone, and so is the chance to finish it.
+    with pytest.raises(SessionExpired):
+        uploads.receive(upload_id, b"efgh")
+    with pytest.raises(SessionExpired):
+        uploads.finish(upload_id)
+
+
+def test_a_touched_upload_session_outlives_its_ttl(
+    queue: Queue, uploads: UploadSessions, run_worker: Any
+) -> None:
+    cleaned: Cleaned = []
+    with run_worker(upload_worker(queue, uploads, cleaned)):
+        upload_id = uploads.start(8)
+        temp = uploads.storage / temp_key(upload_id)
+        started = time.monotonic()
+        for chunk in (b"ab", b"cd", b"ef", b"gh"):  # a chunk every 0.25 s: 1 s, TTL 0.6 s
+            time.sleep(0.25)
+            uploads.receive(upload_id, chunk)
+        assert time.monotonic() - started > 1.5 * uploads.ttl
+        assert cleaned == [] and temp.read_bytes() == b"abcdefgh"
+        # Then the client goes away: the session ends one TTL after the last chunk.
+        wait_for(lambda: cleaned, timeout=10)
+    [(expired, removed, _)] = cleaned
+    assert expired.key == session_key(upload_id) and removed == 8 and not temp.exists()
+
+
+def test_a_finished_upload_session_never_calls_back(
+    queue: Queue, uploads: UploadSessions, run_worker: Any
+) -> None:
+    cleaned: Cleaned = []
+    with run_worker(upload_worker(queue, uploads, cleaned)):
+        upload_id = uploads.start(3)
+        uploads.receive(upload_id, b"xyz")
+        final = uploads.finish(upload_id)
+        time.sleep(uploads.ttl + 0.6)  # well past the session's deadline
+        with pytest.raises(SessionExpired):  # finished: no more chunks
+            uploads.receive(upload_id, b"more")
+    assert cleaned == []
+    assert final.read_bytes() == b"xyz" and not (uploads.storage / temp_key(upload_id)).exists()
+    assert queue.client.exists(session_key(upload_id)) == 0
+    counters = queue.stats().counters
+    assert counters.get("cancelled") == 1 and not counters.get("succeeded")
+
+
+def test_upload_cleanup_example_runs(server: EmbeddedServer) -> None:
+    assert "every session ended as expected" in run_example("upload_cleanup.py", server)
+
+
+# -- examples/nightly_report.py ---------------------------------------------------------------
+
+
+def noon(day: date, zone: ZoneInfo) -> float:
+    return datetime.combine(day, datetime.min.time().replace(hour=12), zone).timestamp()
+
+
+def test_nightly_report_is_written_once_per_occurrence_across_two_workers(
+    server: EmbeddedServer, qname: str, tmp_path: Path, run_worker: Any
+) -> None:
+    zone = ZoneInfo(TZ)
+    today = datetime.now(zone).date()
+    yesterday, before = today - timedelta(days=1), today - timedelta(days=2)
+    database, reports = tmp_path / "orders.db", tmp_path / "reports"
+    orders = [("a", "paid", 2, yesterday), ("b", "paid", 3, yesterday)]
+    orders += [("c", "closed", 1, yesterday), ("d", "pending", 4, today), ("e", "paid", 7, before)]
+    create_orders(database, [(i, s, q, noon(d, zone)) for i, s, q, d in orders])
+    # What each report says depends on its day (an occurrence after midnight reports today).
+    expected = {
+        yesterday: {"paid": {"orders": 2, "units": 5}, "closed": {"orders": 1, "units": 1}},
+        today: {"pending": {"orders": 1, "units": 4}},
+    }
+    reports.mkdir()
+    old = reports / f"{REPORT}-2020-01-01T020000+0800.json"  # for the sweep
+    old.write_text("{}")
+    forty_days_ago = time.time() - 40 * 86400
+    os.utime(old, (forty_days_ago, forty_days_ago))
+
+    runs: list[tuple[str, int, int, Path]] = []  # id, occurrence (ms), attempt, file
+
+    def report_worker() -> Worker:
+        return make_report_worker(
+            database,
+            reports,
+            queue=qname,
+            redis_url=server.url,
+            every=1,  # instead of "0 2 * * *": a report every second
+            sweep_every=1,
+            on_report=lambda t, path: runs.append((t.id, t.payload["at"], t.attempt, path)),
+        )
+
+    with run_worker(report_worker()), run_worker(report_worker()):
+        wait_for(lambda: len(runs) >= 2 and not old.exists(), timeout=10)
+    ids = [task_id for task_id, *_ in runs]
+    assert len(ids) == len(set(ids)), f"an occurrence ran twice: {ids}"
+    ats = sorted(at for _, at, _, _ in runs)
+    assert all(b > a and (b - a) % 1000 == 0 for a, b in pairwise(ats))
+    # One file per occurrence; the 40-day-old report swept, no temporary file left.
+    assert sorted(reports.iterdir()) == sorted(path for *_, path in runs)
+    with Queue(qname, url=server.url) as queue:
+        for task_id, at, attempt, path in runs:
+            assert task_id == f"cron:{REPORT}:{at}" and attempt == 1
+            info = queue.get(task_id)
+            assert info is not None and (info.state, info.attempts) == ("done", 1)
+            occurrence = datetime.fromtimestamp(at / 1000, zone)
+            day = occurrence.date() - timedelta(days=1)
+            report = json.loads(path.read_text())
+            assert report["occurrence"] == occurrence.isoformat() and report["tz"] == TZ
+            assert report["day"] == day.isoformat()
+            assert report["by_status"] == expected.get(day, {}), report
+            assert report["total"]["orders"] == sum(
+                c["orders"] for c in expected.get(day, {}).values()
+            )
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "message"),
+    [
+        ("0 25 * * *", TZ, r"'daily-report': invalid cron expression '0 25 \* \* \*'"),
+        ("0 2 * *", TZ, "invalid cron expression .*use five fields"),
+        ("0 0 2 * * *", TZ, "has 6 fields.*every\\(seconds=...\\)"),
+        ("0 0 31 2 *", TZ, "never fires"),
+        ("0 2 * * *", "Asia/Shangai", "unknown time zone 'Asia/Shangai': use an IANA name"),
+    ],
+)
+def test_nightly_report_bad_schedule_fails_at_decoration(
+    tmp_path: Path, cron: str, tz: str, message: str
+) -> None:
+    """make_worker declares the schedule, so a bad one stops the worker from being built,
+    with what to write instead. Nothing connects (port 9) and nothing is created."""
+    reports = tmp_path / "reports"
+    with pytest.raises(ConfigurationError, match=message):
+        make_report_worker(
+            tmp_path / "orders.db", reports, redis_url="redis://127.0.0.1:9", cron=cron, tz=tz
+        )
+    assert not reports.exists()
+
+
+def test_nightly_report_example_runs(server: EmbeddedServer) -> None:
+    out = run_example("nightly_report.py", server, "--reports", "2")
+    assert "each occurrence reported once" in out
