@@ -26,7 +26,14 @@ class Task:
     due_at: datetime
     queue: str
     token: int = field(repr=False)
-    lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lease_lost: threading.Event | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        # Made on first use: most tasks never need one, and an Event costs a lock.
+        if self._lease_lost is None:
+            self._lease_lost = threading.Event()
+        return self._lease_lost
 
 
 @dataclass(frozen=True)

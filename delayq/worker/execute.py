@@ -74,6 +74,8 @@ class Executor:
         self.events = events
 
     def _emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
+        if not self.events.listeners:
+            return  # nobody listens: skip building the event
         h = claimed.header
         self.events.emit(TaskEvent(name, self.queue, h.kind, claimed.id, h.attempts, **fields))
 
@@ -111,7 +113,8 @@ class Executor:
         task, handler = prepared
         started(task)
         t0 = time.perf_counter()
-        self._emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+        if self.events.listeners:
+            self._emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
         try:
             await self._call(handler, task)
         except asyncio.CancelledError:

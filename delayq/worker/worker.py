@@ -46,6 +46,7 @@ from .waker import Waker
 log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
+REGISTER_EVERY_S = 5.0
 
 
 class Worker:
@@ -96,6 +97,7 @@ class Worker:
         self.startup: list[Callable[[Worker], Awaitable[None]]] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
+        self._registered_at = -REGISTER_EVERY_S
 
     # -- registration ---------------------------------------------------------------------
 
@@ -168,6 +170,15 @@ class Worker:
         self.startup.append(fn)
         return fn
 
+    def _registration_due(self) -> tuple[str, str]:
+        """Register with this claim only every REGISTER_EVERY_S: an idle worker then writes
+        to Redis (and its AOF) every few seconds, not on every periodic claim."""
+        now = time.monotonic()
+        if now - self._registered_at < REGISTER_EVERY_S:
+            return "", ""
+        self._registered_at = now
+        return self.id, self.registration()
+
     def registration(self) -> str:
         """What this worker publishes about itself on every claim and heartbeat."""
         runs = getattr(self, "runs", None)
@@ -180,7 +191,7 @@ class Worker:
                 "kinds": self.registry.kinds(),
                 "started": round(self._started_at, 3),
                 # Registrations arrive at least this often; three missed ones mean dead.
-                "beat": round(max(self.max_wait_s, self.lease_s / 3), 3),
+                "beat": round(max(REGISTER_EVERY_S, self.max_wait_s, self.lease_s / 3), 3),
             },
             separators=(",", ":"),
         )
@@ -314,6 +325,7 @@ class Worker:
                 await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
             self.waker.reset()
+            registration = self._registration_due()
             sent = loop.time()
             try:
                 result = await self.runner.run(
@@ -322,8 +334,8 @@ class Worker:
                         limit=free,
                         lease_ms=lease_ms,
                         lookahead_ms=lookahead_ms,
-                        worker=self.id,
-                        worker_info=self.registration(),
+                        worker=registration[0],
+                        worker_info=registration[1],
                     )
                 )
             except DelayqError as e:
