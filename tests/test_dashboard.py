@@ -258,3 +258,18 @@ def test_screenshot_of_a_busy_queue(
     assert shot.stat().st_size > 10_000
     if os.environ.get("DELAYQ_SCREENSHOT") == "1" or not SCREENSHOT.exists():
         SCREENSHOT.write_bytes(shot.read_bytes())
+
+
+def test_cron_page_lists_the_schedules(dashboard: str, queue: Queue, run_worker: Any) -> None:
+    from delayq import Worker
+    from delayq.cron import every_schedule
+
+    worker = Worker(queue)
+    worker.every(hours=1, name="hourly-sweep")(lambda task: None)
+    with run_worker(worker):
+        wait_for(lambda: queue.client.hlen(queue.core.keys.cron) == 1)
+    with httpx.Client(base_url=dashboard, timeout=10, headers=BEARER) as http:
+        r = http.get(f"/queues/{queue.name}/cron")
+    assert r.status_code == 200
+    assert "hourly-sweep" in r.text and "no schedules" not in r.text
+    assert f"<code>{every_schedule('x', 3_600_000).timing.describe()}</code>" in r.text

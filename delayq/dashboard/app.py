@@ -31,7 +31,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import operate
+from .. import cron_ops, operate
 from ..admin import Admin, PageState
 from ..errors import ConnectionFailed, DelayqError, InvalidTaskError
 from ..metrics import QueueCollector
@@ -197,6 +197,19 @@ class Dashboard:
             now=stats.now,
         )
 
+    def cron_page(self, request: Request) -> HTMLResponse:
+        q = self.queue(request.path_params["name"])
+        state = q._runner.run(cron_ops.read(q.core))
+        stats = q.stats()
+        return self.render(
+            request,
+            "cron.html",
+            title=f"{q.name}: cron",
+            queue=q.name,
+            schedules=cron_ops.schedules(state),
+            now=stats.now,
+        )
+
     def task_page(self, request: Request) -> HTMLResponse:
         task_id = request.query_params.get("id", "").strip()
         queue = request.query_params.get("queue", "")
@@ -320,6 +333,7 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
         Route("/queues/{name}/scheduled", dash.tasks_page),
         Route("/queues/{name}/active", dash.tasks_page),
         Route("/queues/{name}/dead", dash.dead_page),
+        Route("/queues/{name}/cron", dash.cron_page),
         Route("/queues/{name}/dead/replay", dash.replay, methods=["POST"]),
         Route("/queues/{name}/dead/purge", dash.purge, methods=["POST"]),
         Route("/queues/{name}/task/cancel", dash.cancel, methods=["POST"]),
