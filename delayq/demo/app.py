@@ -22,7 +22,7 @@ def make_worker() -> Worker:
     queue = Queue(os.environ.get(QUEUE_ENV, "demo-orders"))
     worker = Worker(queue, concurrency=16, lease=float(os.environ.get(LEASE_ENV, "2")), grace=5)
     db_url = os.environ[DB_ENV]
-    work_s = float(os.environ.get(WORK_ENV, "20")) / 1000
+    work_s = float(os.environ.get(WORK_ENV, "200")) / 1000
     local = threading.local()  # one database connection per handler thread
 
     def shop() -> Shop:

@@ -37,7 +37,7 @@ class DemoConfig:
     race_share: float = 0.2  # of the paid orders: pay exactly at the deadline
     workers: int = 3
     lease: float = 2.0
-    work_ms: float = 20.0
+    work_ms: float = 200.0  # the close's call to the payment provider: keeps tasks in flight
     kill: bool = True
     products: int = 20
     stock: int = 1_000_000
@@ -213,9 +213,9 @@ def _shop_and_watch(
                     tally.placed += 1
                     if rng.random() < cfg.pay_share:
                         at_deadline = rng.random() < cfg.race_share
-                        # At the deadline: a few ms either side, so payment and close race.
+                        # Around the deadline, some before and some after the close commits.
                         when = (
-                            due + rng.uniform(-0.005, 0.01)
+                            due + rng.uniform(-0.05, 0.4)
                             if at_deadline
                             else now + rng.uniform(0.1, 0.9) * cfg.close_after
                         )
