@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import drain
+import durable
 import expiring
 import idle
 import lateness
@@ -27,7 +28,7 @@ import memory
 import schedule
 from common import Report, cleanup_all
 
-BENCHMARKS = {m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring)}
+BENCHMARKS = {m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring, durable)}
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
