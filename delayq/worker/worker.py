@@ -47,6 +47,7 @@ log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
 REGISTER_EVERY_S = 5.0
+WORKER_SOCKET_TIMEOUT_S = 5.0
 
 
 class Worker:
@@ -228,7 +229,11 @@ class Worker:
         self._force = asyncio.Event()
         # Handlers may each hold a connection briefly (expiry checks); leave room for the loops.
         client = self._client_arg or async_client(
-            self.queue.url, max_connections=max(100, 2 * self.concurrency + 16)
+            self.queue.url,
+            max_connections=max(100, 2 * self.concurrency + 16),
+            # Scripts answer in milliseconds: a link that goes silent is noticed (and the
+            # connection replaced) within seconds, not after the 30 s client default.
+            socket_timeout=WORKER_SOCKET_TIMEOUT_S,
         )
         self.runner = AsyncRunner(client)
         self.eviction_policy = await check_eviction(client)
