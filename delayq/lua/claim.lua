@@ -21,11 +21,23 @@
 --@include reap
 local now = dq_now(A.now)
 dq_register(K, A.worker, A.worker_info, now)
-dq_reap(K, now, tonumber(A.reap_limit))
+
+-- An idle worker runs this every second: look at the two heads first, and run the range
+-- queries only when a lease has expired or a task is due.
+local function first_lease()
+  local first = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2])
+end
+local lease_head = first_lease()
+if lease_head and lease_head <= now then
+  dq_reap(K, now, tonumber(A.reap_limit))
+  lease_head = first_lease()
+end
 
 local limit = tonumber(A.limit)
 local out = {now, -1, -1}
-if limit > 0 then
+local head = dq_head(K.scheduled)
+if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
   local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now + tonumber(A.lookahead_ms),
     'WITHSCORES', 'LIMIT', 0, limit)
   local ids = {}
@@ -67,9 +79,9 @@ if limit > 0 then
       dq_bury(K, id, now, 'record cannot be decoded (corrupt or written by another program)')
     end
   end
+  head = dq_head(K.scheduled)
+  lease_head = first_lease()
 end
-local head = dq_head(K.scheduled)
 if head then out[2] = head end
-local first_lease = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
-if first_lease[2] then out[3] = tonumber(first_lease[2]) end
+if lease_head then out[3] = lease_head end
 return out
