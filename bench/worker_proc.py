@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -23,6 +22,8 @@ import threading
 import time
 from collections import Counter
 from typing import Any
+
+from lifeline import stop_when_orphaned
 
 from delayq import Queue, Task, Worker
 from delayq.worker.expiry import Expired
@@ -163,18 +164,7 @@ def main() -> None:
         t.daemon = True
         t.start()
 
-    def watch_stdin() -> None:
-        # Raw reads on fd 0 (not sys.stdin's buffered reader, whose lock a daemon thread
-        # would still hold at interpreter shutdown).
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        request_stop()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    limit = threading.Timer(args.max_seconds, request_stop)
-    limit.daemon = True
-    limit.start()
+    stop_when_orphaned(request_stop, args.max_seconds)
 
     if args.profile:
         import cProfile

@@ -18,8 +18,10 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import load, open_record
+from lifeline import stop_when_orphaned
 
 
 def main() -> None:
@@ -41,16 +43,7 @@ def main() -> None:
         hard.daemon = True
         hard.start()
 
-    def watch_stdin() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        request_stop()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    limit = threading.Timer(args.max_seconds, request_stop)
-    limit.daemon = True
-    limit.start()
+    stop_when_orphaned(request_stop, args.max_seconds)
 
     def ready() -> None:
         Path(args.ready).touch()
