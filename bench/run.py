@@ -1,8 +1,11 @@
 """Run delayq's benchmarks: ``bench/run [--quick] [--json PATH] [NAME ...]``.
 
-Each benchmark starts its own private servers (and worker processes) and stops them by
-PID when it ends. Prints each figure, the bar it is measured against and PASS/FAIL, then a
-summary. Exits 0 when every benchmark ran (whatever the bars say), 1 if one crashed.
+With no NAME, every benchmark but the soak (10 minutes: ``bench/run soak`` runs it, and
+``--soak-duration/-rate/-waiting/-workers`` change its sizes) and cluster (local Redis
+Clusters, ~2 minutes: ``bench/run cluster``). Each benchmark starts its
+own private servers (and worker processes) and stops them by PID when it ends. Prints each
+figure, the bar it is measured against and PASS/FAIL, then a summary. Exits 0 when every
+benchmark ran (whatever the bars say), 1 if one crashed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cluster
 import drain
 import durable
 import expiring
@@ -26,9 +30,13 @@ import idle
 import lateness
 import memory
 import schedule
+import soak
 from common import Report, cleanup_all
 
-BENCHMARKS = {m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring, durable)}
+BENCHMARKS = {
+    m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring, durable, soak, cluster)
+}
+ON_REQUEST = {soak.NAME, cluster.NAME}  # too long to run by default: only when named
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -37,14 +45,34 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(BENCHMARKS)}")
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"any of {', '.join(BENCHMARKS)} (default: all but {', '.join(ON_REQUEST)})",
+    )
     p.add_argument("--quick", action="store_true", help="10x smaller counts: a smoke check")
     p.add_argument("--json", metavar="PATH", help="also write every figure and bar as JSON")
+    g = p.add_argument_group(
+        "soak sizes",
+        "defaults 600 s, 5,000/s, 1,000,000 waiting, 4 workers; with --quick 60 s, 500/s, "
+        "100,000 waiting",
+    )
+    g.add_argument("--soak-duration", type=float, metavar="S", help="seconds of tasks falling due")
+    g.add_argument("--soak-rate", type=int, metavar="N", help="tasks falling due per second")
+    g.add_argument("--soak-waiting", type=int, metavar="N", help="tasks waiting far ahead")
+    g.add_argument("--soak-workers", type=int, metavar="N", help="worker processes")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
-    names = args.names or list(BENCHMARKS)
+    names = args.names or [n for n in BENCHMARKS if n not in ON_REQUEST]
+    soak.configure(
+        duration=args.soak_duration,
+        rate=args.soak_rate,
+        waiting=args.soak_waiting,
+        workers=args.soak_workers,
+    )
     signal.signal(signal.SIGTERM, _on_term)
 
     rep = Report(quick=args.quick)

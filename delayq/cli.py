@@ -181,7 +181,7 @@ main.add_command(task)
 main.add_command(dead)
 main.add_command(check)
 main.add_command(dashboard)
-main.add_command(importlib.import_module("delayq.cron_cli").cron)
+main.add_command(importlib.import_module("delayq.cron_cli").cron)  # after main: no cycle
 
 if __name__ == "__main__":
     main()

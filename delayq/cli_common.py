@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from .admin import Admin
-from .connection import DEFAULT_URL, URL_ENV, redact
+from .connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
 from .errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from .present import human_seconds, payload_text, relative, safe, task_dict
 from .timing import parse_duration
@@ -91,6 +91,18 @@ def _reason(e: ConnectionFailed) -> str:
     return m.group(1) if m else str(e)
 
 
+def _fix(e: ConnectionFailed) -> str:
+    """The TLS advice in the message if there is one, else how to start or find a server."""
+    text = str(e)
+    if TLS_FIX in text:
+        fix = text[text.index(TLS_FIX) :]
+        return f"{fix[0].upper()}{fix[1:]}."
+    return (
+        f"Start the server, or point delayq at yours with --url redis://HOST:PORT/DB "
+        f"or by setting {URL_ENV[0]} (or {URL_ENV[1]})."
+    )
+
+
 @contextmanager
 def connect(url: str | None, queues: tuple[str, ...] = ()) -> Iterator[Admin]:
     """An inspector; a connection failure becomes a message naming the URL and the fix."""
@@ -103,8 +115,7 @@ def connect(url: str | None, queues: tuple[str, ...] = ()) -> Iterator[Admin]:
     except ConnectionFailed as e:
         raise click.ClickException(
             f"cannot reach Redis at {redact(admin.url)} ({url_source(url)}): {_reason(e)}\n"
-            f"Start the server, or point delayq at yours with --url redis://HOST:PORT/DB "
-            f"or by setting {URL_ENV[0]} (or {URL_ENV[1]})."
+            f"{_fix(e)}"
         ) from None
     except DelayqError as e:
         raise click.ClickException(str(e)) from None

@@ -179,7 +179,10 @@ def split_record(record: bytes) -> tuple[Header, bytes]:
 def decode_payload(header: Header, payload: bytes, codecs: dict[str, Codec]) -> Any:
     codec = codecs.get(header.fmt)
     if codec is None:
-        codec = get_codec(header.fmt)
+        try:
+            codec = get_codec(header.fmt)
+        except InvalidTaskError as e:  # written by a newer delayq, or not by delayq at all
+            raise RecordError(f"record has an unknown payload format: {e}") from None
         codecs[header.fmt] = codec
     try:
         return codec.decode(payload)

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import os
+import ssl
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.retry as aretry
+from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.connection import SSLConnection
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
+from . import topology
 from .errors import ConfigurationError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV = ("DELAYQ_REDIS_URL", "REDIS_URL")
-_SCHEMES = ("redis", "rediss", "unix")
+_SCHEMES = ("redis", "rediss", "unix", *topology.SCHEMES)
 
 # Sockets never wait forever: a dead server surfaces as an error, never as a wedged worker.
 CLIENT_DEFAULTS: dict[str, Any] = {
@@ -22,6 +31,11 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_keepalive": True,
     "decode_responses": False,
 }
+
+# The rediss:// query parameters that name files (redis-py passes them to the ssl module).
+TLS_FILE_PARAMS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
+# How every TLS advice in a ConnectionFailed message begins (the CLI looks for it).
+TLS_FIX = "check the TLS settings in the URL"
 
 
 def resolve_url(url: str | None) -> str:
@@ -34,6 +48,8 @@ def resolve_url(url: str | None) -> str:
             f"unsupported Redis URL scheme {scheme!r} in {redact(url)}: "
             f"use one of {', '.join(s + '://' for s in _SCHEMES)}"
         )
+    if topology.is_topology_url(url):
+        topology.parse(url)  # refuse a malformed cluster or sentinel URL now, not later
     return url
 
 
@@ -46,12 +62,35 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def sync_client(url: str, **overrides: Any) -> redis.Redis:
-    return redis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **overrides})
+# A queue's own calls (schedule, cancel, get ...) are idempotent (ids are made client-side),
+# so a dropped connection is retried a bounded number of times (about 0.1 + 0.2 + 0.4 s of
+# backoff) before ConnectionFailed. Workers keep their own loop and do not use this.
+RETRIES = 3
 
 
-def async_client(url: str, **overrides: Any) -> aredis.Redis:
-    return aredis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **overrides})
+def _backoff() -> ExponentialWithJitterBackoff:
+    return ExponentialWithJitterBackoff(base=0.1, cap=1.0)
+
+
+def sync_client(url: str, *, retries: int = 0, **overrides: Any) -> redis.Redis:
+    """A client for ``url``: a plain one, or a cluster or sentinel-managed one (topology.py)."""
+    retry = {"retry": Retry(_backoff(), retries)} if retries else {}
+    if topology.is_topology_url(url):
+        client: redis.Redis = topology.sync_client(
+            topology.parse(url), {**CLIENT_DEFAULTS, **retry}, **overrides
+        )
+        return client
+    return redis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **retry, **overrides})
+
+
+def async_client(url: str, *, retries: int = 0, **overrides: Any) -> aredis.Redis:
+    retry = {"retry": aretry.Retry(_backoff(), retries)} if retries else {}
+    if topology.is_topology_url(url):
+        client: aredis.Redis = topology.async_client(
+            topology.parse(url), {**CLIENT_DEFAULTS, **retry}, **overrides
+        )
+        return client
+    return aredis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **retry, **overrides})
 
 
 def check_client(client: Any) -> None:
@@ -65,10 +104,87 @@ def check_client(client: Any) -> None:
         )
 
 
-def describe(client: Any) -> str:
-    """Where a client points, for error messages (never the password)."""
+def _connection_kwargs(client: Any) -> dict[str, Any]:
     pool = getattr(client, "connection_pool", None)
     kw = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
+    return kw if isinstance(kw, dict) else {}
+
+
+def is_tls(client: Any) -> bool:
+    """Whether the client connects with TLS (a ``rediss://`` URL or ``ssl=True``)."""
+    cls = getattr(getattr(client, "connection_pool", None), "connection_class", None)
+    return isinstance(cls, type) and issubclass(cls, SSLConnection | AsyncSSLConnection)
+
+
+def describe(client: Any) -> str:
+    """Where a client points, for error messages (never the password)."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:  # a RedisCluster
+        nodes = ",".join(sorted(manager.startup_nodes)) or "?"
+        return f"cluster {nodes}"
+    service = getattr(getattr(client, "connection_pool", None), "service_name", None)
+    if service is not None:  # a Sentinel-managed primary
+        return f"sentinel service {service}"
+    kw = _connection_kwargs(client)
     if "path" in kw:
         return f"unix://{kw['path']}"
-    return f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    where = f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    return f"rediss://{where}" if is_tls(client) else where
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and the ones it was raised from or while handling."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _readable(path: str, *, directory: bool) -> bool:
+    return os.access(path, os.R_OK) and os.path.isdir(path) == directory
+
+
+def tls_fix(exc: BaseException, client: Any) -> str | None:
+    """What to change when a TLS connection failed, or None if TLS is not the likely cause.
+
+    redis-py reports a missing CA file as a bare "No such file or directory" and a
+    missing client certificate as an EOF or an alert: say which URL parameter to fix.
+    """
+    if not is_tls(client):
+        return None
+    kw = _connection_kwargs(client)
+    chain = list(_chain(exc))
+    if any(isinstance(e, FileNotFoundError | PermissionError | IsADirectoryError) for e in chain):
+        bad = [
+            f"{p}={kw[p]}"
+            for p in TLS_FILE_PARAMS
+            if kw.get(p) and not _readable(kw[p], directory=p == "ssl_ca_path")
+        ]
+        if bad:
+            return f"{TLS_FIX}: cannot read {', '.join(bad)}"
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain):
+        return (
+            f"{TLS_FIX}: the server's certificate was not accepted; pass the CA that signed it "
+            "as ssl_ca_certs=/path/to/ca.pem, and connect by a host name or address the "
+            "certificate lists"
+        )
+    if any(isinstance(e, ssl.SSLError) for e in chain):
+        if kw.get("ssl_certfile"):
+            return (
+                f"{TLS_FIX}: the server ended the TLS session; it may refuse the client "
+                f"certificate ssl_certfile={kw['ssl_certfile']}, which must be signed by a CA "
+                "the server trusts (its tls-ca-cert-file)"
+            )
+        return (
+            f"{TLS_FIX}: the server ended the TLS session; if it requires client certificates "
+            "(tls-auth-clients yes, the server default), add "
+            "ssl_certfile=/path/to/client.crt&ssl_keyfile=/path/to/client.key"
+        )
+    if isinstance(exc, RedisTimeoutError) and "connecting" in str(exc):
+        return (
+            f"{TLS_FIX}: no TLS handshake in time; check the server is running and that the "
+            "port is its TLS port (tls-port): a plain port never answers a TLS client"
+        )
+    return None

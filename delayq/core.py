@@ -27,7 +27,7 @@ from .codec import (
     split_record,
 )
 from .errors import InvalidTaskError
-from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
+from .keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from .scripts import SCRIPTS, Arg, Script
 from .task import QueueStats, State, TaskInfo, WorkerInfo
 from .timing import Duration, due_spec, ms_to_datetime, seconds
@@ -137,9 +137,12 @@ class QueueCore:
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         self.name = validate_queue_name(name)
-        self.keys = QueueKeys(name, prefix)
+        self.shard = shard
+        self.keys = QueueKeys(shard_name(name, shard, shards), prefix)
         self.codec: Codec = get_codec(codec)
         self.codecs: dict[str, Codec] = {self.codec.name: self.codec}
         if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
@@ -313,6 +316,11 @@ class QueueCore:
             )
 
         return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
+
+    def shard_count(self, want: int) -> Op[int]:
+        """The queue's stored shard count, storing ``want`` if none is and nothing waits
+        (call it on the unsplit queue's core; see shards.py)."""
+        return self.op("shards", {"want": want}, [], int)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
         if offset < 0 or limit < 1:

@@ -20,7 +20,28 @@ class PayloadTooLarge(InvalidTaskError):
 
 
 class ConnectionFailed(DelayqError, ConnectionError):
-    """Redis could not be reached; the message names the URL tried."""
+    """Redis could not be reached; the message names the URL tried.
+
+    From ``schedule_many``: ``scheduled`` lists the ids confirmed before the failure and
+    ``unconfirmed`` those whose round trip failed (each task is written whole or not at all).
+    Calling again with the same task ids is safe: ids already waiting are left as they are.
+    """
+
+    scheduled: list[str]
+    unconfirmed: list[str]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.scheduled, self.unconfirmed = [], []
+
+    def partial(self, scheduled: list[str], unconfirmed: list[str]) -> ConnectionFailed:
+        err = ConnectionFailed(
+            f"{self}; {len(scheduled)} task(s) were scheduled before it (.scheduled), "
+            f"{len(unconfirmed)} may or may not be (.unconfirmed): schedule them again with "
+            "the same task ids, which leaves any already waiting as they are"
+        )
+        err.scheduled, err.unconfirmed = list(scheduled), list(unconfirmed)
+        return err
 
 
 class DurabilityError(DelayqError):

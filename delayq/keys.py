@@ -7,6 +7,7 @@ keys of a single Cluster slot. Nothing outside this module spells a key.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "dq"
@@ -22,6 +23,24 @@ def validate_queue_name(name: str) -> str:
             "'_.:-' (braces and '#' are reserved for hash tags and shards)"
         )
     return name
+
+
+MAX_SHARDS = 1024
+# Ids that stay on shard 0 of a sharded queue: a cron occurrence writes its successor, and a
+# watched key's task its bookkeeping, in the same script, so they share shard 0's slot.
+HOME_ID_PREFIXES = ("cron:", "x:")
+
+
+def shard_name(queue: str, index: int, shards: int) -> str:
+    """The hash tag of shard ``index``: the queue's own name when it is not split."""
+    return queue if shards == 1 else f"{queue}#{index}"
+
+
+def shard_of(task_id: str, shards: int) -> int:
+    """A task's shard: a stable hash of its id (CRC-32), the same in every process."""
+    if shards == 1 or task_id.startswith(HOME_ID_PREFIXES):
+        return 0
+    return zlib.crc32(task_id.encode()) % shards
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,12 @@ class QueueKeys:
     def stats(self) -> str:
         """HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."""
         return f"{self.base}:stats"
+
+    @property
+    def shards(self) -> str:
+        """HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split
+        (absent: one), so a process opening it with another number is refused, not split."""
+        return f"{self.base}:shards"
 
     @property
     def workers(self) -> str:

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio as aredis
 
 from .codec import DEFAULT_MAX_PAYLOAD
-from .connection import async_client, check_client, resolve_url, sync_client
+from .connection import RETRIES, async_client, check_client, resolve_url, sync_client
 from .core import (
     DEFAULT_DEDUPE_WINDOW,
     REPLY_BATCH,
@@ -23,11 +23,14 @@ from .core import (
     QueueCore,
     ScheduleOptions,
     TaskSpec,
+    new_task_ids,
+    validate_task_id,
 )
-from .errors import InvalidTaskError
+from .errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
-from .runner import AsyncRunner, Plan, SyncRunner, batch_plan
+from .runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
+from .shards import Shards, add_stats, merge_dead
 from .task import QueueStats, TaskInfo, WorkerInfo
 from .timing import Duration, seconds
 
@@ -61,6 +64,10 @@ def _as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
         raise InvalidTaskError(f"schedule_many item {item!r} is not a task: {e}") from None
 
 
+def _with_id(spec: TaskSpec, task_id: str) -> TaskSpec:
+    return TaskSpec(spec.kind, spec.payload, spec.delay, spec.at, task_id, spec.max_attempts)
+
+
 def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     it = iter(items)
     while chunk := list(islice(it, size)):
@@ -79,7 +86,12 @@ class _Base(Generic[C]):
         max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
         codec: ``"json"`` (default) or ``"msgpack"``.
         durable_timeout: with ``schedule(..., durable=True)``, how long to wait for the
-            server to confirm the write is fsynced to its append-only file.
+            server to confirm the write is fsynced to its append-only file (default 1 s; 3 s
+            with ``durable_replicas``).
+        durable_replicas: with ``durable=True``, also wait for this many replicas to fsync
+            it (WAITAOF; on servers without WAITAOF, WAIT for their acknowledgement).
+        shards: split the queue over this many hash tags (Redis Cluster spreads them over
+            its primaries); every process must open the queue with the same number.
     """
 
     def __init__(
@@ -92,13 +104,29 @@ class _Base(Generic[C]):
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
-        durable_timeout: Duration = 1.0,
+        durable_timeout: Duration | None = None,
+        shards: int = 1,
+        durable_replicas: int = 0,
     ) -> None:
-        # durable=True waits this long for the server's AOF fsync (everysec: up to ~1 s).
+        if isinstance(durable_replicas, bool) or not isinstance(durable_replicas, int):
+            raise ConfigurationError(f"durable_replicas must be an int, got {durable_replicas!r}")
+        if durable_replicas < 0:
+            raise ConfigurationError(f"durable_replicas must be >= 0, got {durable_replicas}")
+        # The AOF fsync takes up to ~1 s under appendfsync everysec; a replica's confirmation
+        # arrives with its next acknowledgement after its own fsync, about a second later.
+        if durable_timeout is None:
+            durable_timeout = 3.0 if durable_replicas else 1.0
         self.durable_ms = max(1, round(seconds(durable_timeout, "durable_timeout") * 1000))
-        self.core = QueueCore(
-            name, prefix=prefix, codec=codec, max_payload=max_payload, dedupe_window=dedupe_window
+        self.durable = Durable(self.durable_ms, durable_replicas)
+        self.shards = Shards(
+            name,
+            shards,
+            prefix=prefix,
+            codec=codec,
+            max_payload=max_payload,
+            dedupe_window=dedupe_window,
         )
+        self.core: QueueCore = self.shards.home
         self.url = resolve_url(url)
         if client is not None:
             check_client(client)
@@ -114,50 +142,102 @@ class _Base(Generic[C]):
 
     def _schedule_ops(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool
-    ) -> list[Op[list[str]]]:
-        # Validate and encode everything first: a bad task refuses the whole call unwritten.
+    ) -> tuple[list[str], list[Op[list[str]]]]:
+        """(ids in the order given, script calls per shard). Everything is validated and
+        encoded first: a bad task refuses the whole call unwritten."""
         specs = [_as_spec(t) for t in tasks]
-        ops = [self.core.schedule(c, replace=replace) for c in _chunks(specs, SCHEDULE_BATCH)]
-        ids = [i for op in ops for i in op.parse(None)]
+        fresh = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
+        specs = [s if s.task_id is not None else _with_id(s, next(fresh)) for s in specs]
+        ids = [validate_task_id(s.task_id) for s in specs]
         if len(set(ids)) != len(ids):
             raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
-        return ops
+        ops = [
+            core.schedule(chunk, replace=replace)
+            for core, group in self.shards.group(specs, lambda s: str(s.task_id))
+            for chunk in _chunks(group, SCHEDULE_BATCH)
+        ]
+        return ids, ops
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
+
+    def _check_shards_plan(self) -> Plan[None]:
+        """Once per queue object, before its first write: refuse a different shard count."""
+        if not self.shards.checked:
+            self.shards.verify((yield ("run", self.shards.check_op())))
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
     ) -> Plan[list[str]]:
-        ops = self._schedule_ops(tasks, replace)
-        ids: list[str] = []
-        wait = self.durable_ms if durable else None
+        ids, ops = self._schedule_ops(tasks, replace)
+        yield from self._check_shards_plan()
+        done: list[str] = []
+        wait = self.durable if durable else None
         for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
-            for reply in (yield from batch_plan(group, wait)):
-                ids.extend(reply)
+            try:
+                replies = yield from batch_plan(group, wait)
+            except ConnectionFailed as e:
+                raise e.partial(done, [i for op in group for i in op.parse(None)]) from None
+            for reply in replies:
+                done.extend(reply)
         return ids
+
+    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[str]:
+        ids, ops = self._schedule_ops(
+            [_spec(kind, payload, options)], options.get("replace", False)
+        )
+        yield from self._check_shards_plan()
+        wait = self.durable if options.get("durable") else None
+        if wait is None:
+            yield ("run", ops[0])
+        else:
+            yield from batch_plan(ops, wait)
+        return ids[0]
+
+    def _of(self, task_id: str) -> QueueCore:
+        return self.shards.of(validate_task_id(task_id))
+
+    def _stats_plan(self) -> Plan[QueueStats]:
+        if self.shards.n == 1:
+            stats: QueueStats = yield ("run", self.core.stats())
+            return stats
+        parts = yield from batch_plan([c.stats() for c in self.shards.cores])
+        return add_stats(parts)
+
+    def _dead_plan(self, offset: int, limit: int) -> Plan[list[TaskInfo]]:
+        if self.shards.n == 1:
+            page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
+            return page
+        if offset < 0 or limit < 1:
+            raise InvalidTaskError("dead() needs offset >= 0 and limit >= 1")
+        parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
+        return merge_dead(parts, offset, limit)
 
     def _replay_plan(self, ids: Iterable[str] | None) -> Plan[int]:
         total = 0
         if ids is not None:
-            for chunk in _chunks(ids, REPLY_BATCH):
-                total += yield ("run", self.core.replay(chunk))
+            for core, group in self.shards.group(ids, validate_task_id):
+                for chunk in _chunks(group, REPLY_BATCH):
+                    total += yield ("run", core.replay(chunk))
             return total
-        while n := (yield ("run", self.core.replay(None))):
-            total += n
+        for core in self.shards.cores:
+            while n := (yield ("run", core.replay(None))):
+                total += n
         return total
 
     def _purge_plan(self, ids: Iterable[str] | None, older_than: Duration | None) -> Plan[int]:
         total = 0
         if ids is not None:
-            for chunk in _chunks(ids, REPLY_BATCH):
-                total += yield ("run", self.core.purge_dead(chunk))
+            for core, group in self.shards.group(ids, validate_task_id):
+                for chunk in _chunks(group, REPLY_BATCH):
+                    total += yield ("run", core.purge_dead(chunk))
             return total
         before = None
         if older_than is not None:
             stats: QueueStats = yield ("run", self.core.stats())
             before = int(stats.now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000)
-        while n := (yield ("run", self.core.purge_dead(None, before_ms=before))):
-            total += n
+        for core in self.shards.cores:
+            while n := (yield ("run", core.purge_dead(None, before_ms=before))):
+                total += n
         return total
 
     def __repr__(self) -> str:
@@ -168,7 +248,7 @@ class Queue(_Base[redis.Redis]):
     """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
 
     def _new_client(self, url: str) -> redis.Redis:
-        return sync_client(url)
+        return sync_client(url, retries=RETRIES)
 
     @property
     def expiring(self) -> Expiring:
@@ -186,13 +266,7 @@ class Queue(_Base[redis.Redis]):
         window, or dead is left unchanged unless ``replace=True``. With ``durable=True`` it
         returns only once the server's AOF is fsynced (DurabilityError otherwise).
         """
-        op = self.core.schedule(
-            [_spec(kind, payload, options)], replace=options.get("replace", False)
-        )
-        if options.get("durable"):
-            ids: list[str] = self._runner.run_many([op], durable_ms=self.durable_ms)[0]
-            return ids[0]
-        return self._runner.run(op)[0]
+        return self._runner.drive(self._schedule_plan(kind, payload, options))
 
     def schedule_many(
         self,
@@ -206,23 +280,23 @@ class Queue(_Base[redis.Redis]):
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self._runner.run(self.core.cancel(task_id))
+        return self._runner.run(self._of(task_id).cancel(task_id))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
-        return self._runner.run(self.core.reschedule(task_id, delay=delay, at=at))
+        return self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self._runner.run(self.core.get(task_id))
+        return self._runner.run(self._of(task_id).get(task_id))
 
     def stats(self) -> QueueStats:
-        return self._runner.run(self.core.stats())
+        return self._runner.drive(self._stats_plan())
 
     def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """A page of the dead set, most recent first."""
-        return self._runner.run(self.core.dead(offset, limit))
+        return self._runner.drive(self._dead_plan(offset, limit))
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
@@ -253,7 +327,7 @@ class AsyncQueue(_Base[aredis.Redis]):
     """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
 
     def _new_client(self, url: str) -> aredis.Redis:
-        return async_client(url)
+        return async_client(url, retries=RETRIES)
 
     @property
     def expiring(self) -> AsyncExpiring:
@@ -266,13 +340,7 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> str:
-        op = self.core.schedule(
-            [_spec(kind, payload, options)], replace=options.get("replace", False)
-        )
-        if options.get("durable"):
-            ids: list[str] = (await self._runner.run_many([op], durable_ms=self.durable_ms))[0]
-            return ids[0]
-        return (await self._runner.run(op))[0]
+        return await self._runner.drive(self._schedule_plan(kind, payload, options))
 
     async def schedule_many(
         self,
@@ -284,21 +352,21 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self._runner.run(self.core.cancel(task_id))
+        return await self._runner.run(self._of(task_id).cancel(task_id))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
-        return await self._runner.run(self.core.reschedule(task_id, delay=delay, at=at))
+        return await self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self._runner.run(self.core.get(task_id))
+        return await self._runner.run(self._of(task_id).get(task_id))
 
     async def stats(self) -> QueueStats:
-        return await self._runner.run(self.core.stats())
+        return await self._runner.drive(self._stats_plan())
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
-        return await self._runner.run(self.core.dead(offset, limit))
+        return await self._runner.drive(self._dead_plan(offset, limit))
 
     async def workers(self) -> list[WorkerInfo]:
         return await self._runner.run(self.core.workers())

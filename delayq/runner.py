@@ -5,45 +5,103 @@ This is all the I/O the queue API does; everything it runs is built by the pure 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aredis
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import URL_ENV, describe
+from .connection import URL_ENV, describe, tls_fix
 from .core import Op
 from .errors import ConnectionFailed, DurabilityError, ScriptError
 
 T = TypeVar("T")
+# A cluster failing over or moving a slot: the call did not run; trying again later is safe.
+_RECONFIGURING = (
+    RedisClusterException,
+    ClusterError,
+    MovedError,
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+)
+_REDIS_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ResponseError,
+    RedisClusterException,
+    ClusterError,
+)
 
 
 def translate(exc: Exception, client: Any) -> Exception:
     """Redis errors become delayq errors that say where we tried and what to do."""
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+    if isinstance(exc, _RECONFIGURING):
         return ConnectionFailed(
-            f"cannot reach Redis at {describe(client)} ({exc}); check the server is running, "
-            f"or point delayq elsewhere with url= or {URL_ENV[0]}"
+            f"the Redis Cluster at {describe(client)} is failing over or moving a slot ({exc}); "
+            "the call did not run: try again in a moment"
         )
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        fix = tls_fix(exc, client) or (
+            f"check the server is running, or point delayq elsewhere with url= or {URL_ENV[0]}"
+        )
+        return ConnectionFailed(f"cannot reach Redis at {describe(client)} ({exc}); {fix}")
     if isinstance(exc, ResponseError):
         return ScriptError(f"Redis refused a delayq script: {exc}")
     return exc
+
+
+def _thrown(exc: Exception, client: Any) -> Exception:
+    """A Redis error as the delayq error thrown into a plan, which may add what it knows
+    (which tasks were already written) before it propagates."""
+    err = exc if isinstance(exc, ConnectionFailed | ScriptError) else translate(exc, client)
+    err.__suppress_context__ = True
+    return err
 
 
 def _argv(op: Op[Any]) -> tuple[Any, ...]:
     return (op.script.sha, len(op.keys), *op.keys, *op.args)
 
 
-WAITAOF = ("WAITAOF", 1, 0)  # this server's own AOF; replicas come with Cluster/Sentinel
+@dataclass(frozen=True)
+class Durable:
+    """What ``durable=True`` waits for, on the connection that wrote: the primary's AOF fsync
+    and, with ``replicas``, that many replicas' (WAITAOF 1 N); on a server without WAITAOF
+    but with ``replicas``, that many replicas' acknowledgement (WAIT N)."""
+
+    timeout_ms: int
+    replicas: int = 0
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        waits: list[tuple[Any, ...]] = [("WAITAOF", 1, self.replicas, self.timeout_ms)]
+        if self.replicas:
+            waits.append(("WAIT", self.replicas, self.timeout_ms))
+        return waits
 
 
-def check_durable(reply: Any, timeout_ms: int) -> None:
-    """WAITAOF's reply (or error) -> nothing, or DurabilityError saying what happened."""
+def check_durable(replies: Sequence[Any], durable: Durable) -> None:
+    """WAITAOF's (and WAIT's) replies on one connection -> nothing, or DurabilityError."""
+    reply = replies[0]
+    fallback = replies[1] if len(replies) > 1 else None
     if isinstance(reply, ResponseError):
         text = str(reply)
+        if "unknown command" in text.lower() and durable.replicas:
+            return _check_wait(fallback, durable)  # Redis < 7.2: replicas' acknowledgement
         if "unknown command" in text.lower():
             why = "the server has no WAITAOF (it needs Redis or Valkey 7.2 or later)"
         elif "appendonly" in text.lower():
@@ -58,50 +116,180 @@ def check_durable(reply: Any, timeout_ms: int) -> None:
     local = int(reply[0]) if reply else 0
     if local < 1:
         raise DurabilityError(
-            f"durable=True: the AOF fsync was not confirmed within {timeout_ms} ms; the task "
-            "was written and is likely, but not certainly, to survive a crash"
+            f"durable=True: the AOF fsync was not confirmed within {durable.timeout_ms} ms; the "
+            "task was written and is likely, but not certainly, to survive a crash"
+        )
+    copies = int(reply[1]) if len(reply) > 1 else 0
+    if copies < durable.replicas:
+        raise DurabilityError(
+            f"durable=True: {copies} of {durable.replicas} replica(s) confirmed the fsync within "
+            f"{durable.timeout_ms} ms; the task was written on the primary, which may lose it "
+            "in a failover"
+        )
+
+
+def _check_wait(reply: Any, durable: Durable) -> None:
+    if isinstance(reply, Exception):
+        raise reply
+    if int(reply) < durable.replicas:
+        raise DurabilityError(
+            f"durable=True: {int(reply)} of {durable.replicas} replica(s) acknowledged the write "
+            f"within {durable.timeout_ms} ms; the task was written on the primary, which may "
+            "lose it in a failover"
         )
 
 
 # Multi-step operations are written once, as plans: generators that yield what to do next
 # and receive the result. Both runners drive them; only the waiting differs.
 #   ("run", op)                one script call, its parsed reply
-#   ("trip", ops, durable_ms)  one round trip of EVALSHAs (+ WAITAOF when durable): raw replies
+#   ("trip", ops, durable)     one round trip of EVALSHAs (+ WAITAOF when durable): raw
+#                              replies, then (when durable) a list of each connection's
+#                              WAITAOF/WAIT replies
 #   ("load", ops)              load the scripts (after NOSCRIPT)
 Step = tuple[Any, ...]
 Plan = Generator[Step, Any, T]
 
 
-def batch_plan(ops: Sequence[Op[Any]], durable_ms: int | None = None) -> Plan[list[Any]]:
+def batch_plan(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[list[Any]]:
     """Several calls in one round trip; a call that met NOSCRIPT (it did not run) reruns.
-    ``durable_ms``: end the round trip with WAITAOF on the same connection, so it returns
-    only once the server's AOF is fsynced (DurabilityError otherwise)."""
+    ``durable``: end the round trip with WAITAOF on the same connection, so it returns
+    only once the write is fsynced (DurabilityError otherwise)."""
     n = len(ops)
-    replies: list[Any] = yield ("trip", ops, durable_ms)
+    replies: list[Any] = yield ("trip", ops, durable)
+    waits: list[Any] = replies[n] if durable is not None else []
     missed = [i for i, r in enumerate(replies[:n]) if isinstance(r, NoScriptError)]
     if missed:
         # The server forgot its scripts (restart, failover): load them and redo the misses.
         yield ("load", ops)
-        redo: list[Any] = yield ("trip", [ops[i] for i in missed], durable_ms)
+        redo: list[Any] = yield ("trip", [ops[i] for i in missed], durable)
         for j, i in enumerate(missed):
             replies[i] = redo[j]
-        if durable_ms is not None:
-            replies[-1] = redo[-1]
+        if durable is not None:
+            waits = waits + redo[len(missed)]
     for reply in replies[:n]:
         if isinstance(reply, Exception):
             raise reply
-    if durable_ms is not None:
-        check_durable(replies[-1], durable_ms)
+    if durable is not None:
+        for connection_waits in waits:
+            check_durable(connection_waits, durable)
     return [op.parse(r) for op, r in zip(ops, replies[:n], strict=True)]
 
 
-def _pipeline(client: Any, ops: Sequence[Op[Any]], durable_ms: int | None) -> Any:
+def _pipeline(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> Any:
     pipe = client.pipeline(transaction=False)
     for op in ops:
         pipe.evalsha(*_argv(op))
-    if durable_ms is not None:
-        pipe.execute_command(*WAITAOF, durable_ms)
+    for command in durable.commands() if durable is not None else []:
+        pipe.execute_command(*command)
     return pipe
+
+
+def _with_waits(replies: list[Any], n: int, durable: Durable | None) -> list[Any]:
+    """A plain round trip's replies in the trip-step form: the waits as one connection's."""
+    if durable is None:
+        return replies
+    return [*replies[:n], [replies[n:]]]
+
+
+def is_cluster(client: Any) -> bool:
+    return hasattr(client, "nodes_manager")
+
+
+_UNSENT = object()
+CLUSTER_TRIP_ATTEMPTS = 8  # ~4.5 s of backoff: a failover's promotion or a slot's move fits
+
+
+def _resend(reply: Any) -> bool:
+    """A call that did not run on that node: never sent, or answered MOVED, ASK (its slot is
+    moving: tried again once the move is done), TRYAGAIN or CLUSTERDOWN."""
+    return reply is _UNSENT or isinstance(
+        reply, MovedError | AskError | TryAgainError | ClusterDownError
+    )
+
+
+def _by_primary(client: Any, ops: Sequence[Op[Any]], todo: list[int]) -> dict[Any, list[int]]:
+    by: dict[Any, list[int]] = {}
+    for i in todo:
+        by.setdefault(client.get_node_from_key(ops[i].keys[0]), []).append(i)
+    return by
+
+
+def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
+    """A round trip on a Redis Cluster (whose pipelines refuse EVALSHA): each primary gets
+    its calls, and WAITAOF when durable, on one connection of its own — WAITAOF counts the
+    writes of its own connection. Calls a node did not run (moved, failing over) are sent
+    again once the slot map is fresh."""
+    replies: list[Any] = [_UNSENT] * len(ops)
+    waits: list[Any] = []
+    for attempt in range(CLUSTER_TRIP_ATTEMPTS):
+        todo = [i for i, r in enumerate(replies) if _resend(r)]
+        if not todo:
+            break
+        if attempt:
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+            client.nodes_manager.initialize()
+        for node, idx in _by_primary(client, ops, todo).items():
+            try:
+                pipe = _pipeline(node.redis_connection, [ops[i] for i in idx], durable)
+                got = list(pipe.execute(False))
+            except (RedisConnectionError, RedisTimeoutError):
+                continue  # left unsent: retried against the new map
+            for j, i in enumerate(idx):
+                replies[i] = got[j]
+            waits.append(got[len(idx) :])
+    done = [_unsent_error(r) for r in replies]
+    return done if durable is None else [*done, waits]
+
+
+async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
+    """:func:`cluster_trip` for the asyncio cluster client."""
+    replies: list[Any] = [_UNSENT] * len(ops)
+    waits: list[Any] = []
+    for attempt in range(CLUSTER_TRIP_ATTEMPTS):
+        todo = [i for i, r in enumerate(replies) if _resend(r)]
+        if not todo:
+            break
+        if attempt:
+            await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            await client.nodes_manager.initialize()
+        for node, idx in _by_primary(client, ops, todo).items():
+            commands = [("EVALSHA", *_argv(ops[i])) for i in idx]
+            commands += durable.commands() if durable is not None else []
+            try:
+                got = await _one_connection(node, commands)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                continue
+            for j, i in enumerate(idx):
+                replies[i] = got[j]
+            waits.append(got[len(idx) :])
+    done = [_unsent_error(r) for r in replies]
+    return done if durable is None else [*done, waits]
+
+
+async def _one_connection(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Send commands in one write on one connection of a cluster node; error replies are
+    returned in place, as a pipeline's ``execute(False)`` does."""
+    conn = node.acquire_connection()
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        out: list[Any] = []
+        for _ in commands:
+            try:
+                out.append(await conn.read_response())
+            except ResponseError as e:
+                out.append(e)
+        return out
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        node.release(conn)
+
+
+def _unsent_error(reply: Any) -> Any:
+    if reply is _UNSENT:
+        return RedisConnectionError("the cluster node for this call stayed unreachable")
+    return reply
 
 
 class SyncRunner:
@@ -115,22 +303,27 @@ class SyncRunner:
             except NoScriptError:
                 self.client.script_load(op.script.source)
                 reply = self.client.evalsha(*_argv(op))
-        except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
+        except _REDIS_ERRORS as e:
             raise translate(e, self.client) from None
         return op.parse(reply)
 
-    def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
-        return self.drive(batch_plan(ops, durable_ms))
+    def run_many(self, ops: Sequence[Op[Any]], *, durable: Durable | None = None) -> list[Any]:
+        return self.drive(batch_plan(ops, durable))
 
     def drive(self, plan: Plan[T]) -> T:
         try:
             step = next(plan)
             while True:
-                step = plan.send(self._do(step))
+                try:
+                    reply = self._do(step)
+                except (*_REDIS_ERRORS, ConnectionFailed, ScriptError) as e:
+                    step = plan.throw(_thrown(e, self.client))
+                else:
+                    step = plan.send(reply)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
-            raise translate(e, self.client) from None
+        except _REDIS_ERRORS as e:
+            raise translate(e, self.client) from None  # an error reply the plan re-raised
 
     def _do(self, step: Step) -> Any:
         if step[0] == "run":
@@ -139,7 +332,10 @@ class SyncRunner:
             for op in step[1]:
                 self.client.script_load(op.script.source)
             return None
-        return list(_pipeline(self.client, step[1], step[2]).execute(False))
+        if is_cluster(self.client):
+            return cluster_trip(self.client, step[1], step[2])
+        replies = list(_pipeline(self.client, step[1], step[2]).execute(False))
+        return _with_waits(replies, len(step[1]), step[2])
 
 
 class AsyncRunner:
@@ -153,22 +349,29 @@ class AsyncRunner:
             except NoScriptError:
                 await self.client.script_load(op.script.source)
                 reply = await self.client.evalsha(*_argv(op))
-        except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
+        except _REDIS_ERRORS as e:
             raise translate(e, self.client) from None
         return op.parse(reply)
 
-    async def run_many(self, ops: Sequence[Op[Any]], *, durable_ms: int | None = None) -> list[Any]:
-        return await self.drive(batch_plan(ops, durable_ms))
+    async def run_many(
+        self, ops: Sequence[Op[Any]], *, durable: Durable | None = None
+    ) -> list[Any]:
+        return await self.drive(batch_plan(ops, durable))
 
     async def drive(self, plan: Plan[T]) -> T:
         try:
             step = next(plan)
             while True:
-                step = plan.send(await self._do(step))
+                try:
+                    reply = await self._do(step)
+                except (*_REDIS_ERRORS, ConnectionFailed, ScriptError) as e:
+                    step = plan.throw(_thrown(e, self.client))
+                else:
+                    step = plan.send(reply)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        except (RedisConnectionError, RedisTimeoutError, ResponseError) as e:
-            raise translate(e, self.client) from None
+        except _REDIS_ERRORS as e:
+            raise translate(e, self.client) from None  # an error reply the plan re-raised
 
     async def _do(self, step: Step) -> Any:
         if step[0] == "run":
@@ -177,4 +380,7 @@ class AsyncRunner:
             for op in step[1]:
                 await self.client.script_load(op.script.source)
             return None
-        return list(await _pipeline(self.client, step[1], step[2]).execute(False))
+        if is_cluster(self.client):
+            return await acluster_trip(self.client, step[1], step[2])
+        replies = list(await _pipeline(self.client, step[1], step[2]).execute(False))
+        return _with_waits(replies, len(step[1]), step[2])

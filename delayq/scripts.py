@@ -148,6 +148,7 @@ NAMES = (
     "cron_next",
     "cron_outcome",
     "cron_read",
+    "shards",
     "cron_sync",
 )
 

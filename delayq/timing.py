@@ -69,8 +69,12 @@ def due_spec(delay: Duration | None, at: datetime | float | int | None) -> str:
     return "+" + str(round(seconds(delay if delay is not None else 0) * 1000))
 
 
+_MAX_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last second datetime can hold
+
+
 def ms_to_datetime(ms: int | float) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    """Clamped into datetime's range: a corrupt stored time must not break reading a task."""
+    return datetime.fromtimestamp(min(max(ms, 0), _MAX_MS) / 1000, tz=UTC)
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -1,5 +1,6 @@
-"""A small TCP proxy for fault tests: forwards 127.0.0.1:<port> to a server, and can reset
-every connection or black-hole traffic on demand (no Docker, netem or toxiproxy here)."""
+"""A small TCP proxy for fault tests: forwards 127.0.0.1:<port> to a server, and can add
+latency, reset every connection, refuse new ones or black-hole traffic on demand (no Docker,
+netem or toxiproxy here)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class FaultProxy:
         self.target_port = target_port
         self.port = free_port()
         self.blackhole = False  # accept and hold, forward nothing
+        self.latency = 0.0  # seconds added before each chunk is forwarded, both directions
+        self.refuse = False  # close new connections at once, as a server that is down
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -50,6 +53,9 @@ class FaultProxy:
             self._loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.close()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
@@ -63,6 +69,8 @@ class FaultProxy:
             while data := await reader.read(65536):
                 if self.blackhole:
                     continue
+                if self.latency:
+                    await asyncio.sleep(self.latency)
                 writer.write(data)
                 await writer.drain()
         self._writers.discard(writer)

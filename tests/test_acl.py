@@ -182,7 +182,7 @@ def test_documented_user_cannot_reach_outside_dq(acl: AclServer) -> None:
         "__keyevent@0__:expired",
         "eval",
         "flushall",
-        "app:{orders}:scheduled",  # the first key the schedule script touched
+        "app:{orders}:shards",  # the first key the first script (the shard check) touched
     }
 
 

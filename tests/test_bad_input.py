@@ -106,3 +106,39 @@ def test_password_is_never_shown() -> None:
     from delayq.connection import redact
 
     assert redact("redis://user:s3cret@127.0.0.1:6379/0") == "redis://user:***@127.0.0.1:6379/0"
+
+
+def test_nothing_read_from_redis_is_executed() -> None:
+    """No pickle, eval, exec or import-by-name anywhere in the package: a record selects a
+    registered handler by its kind string and carries JSON or msgpack data, nothing more."""
+    import ast
+    from pathlib import Path
+
+    import delayq
+
+    banned_modules = {"pickle", "cPickle", "dill", "marshal", "shelve", "cloudpickle"}
+    banned_calls = {"eval", "exec", "__import__", "import_module"}
+    found = []
+    for path in Path(delayq.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        # The CLI imports the worker app the operator names on the command line (as uvicorn
+        # does) and its own modules by constant names; neither comes from Redis.
+        allowed = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name == "load_app"
+            for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] in banned_modules for n in names):
+                    found.append(f"{path.name}:{node.lineno} imports {names}")
+            if isinstance(node, ast.Call) and id(node) not in allowed:
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")
+                arg = node.args[0] if node.args else None
+                own = isinstance(arg, ast.Constant) and str(arg.value).startswith("delayq.")
+                if name in banned_calls and not own:
+                    found.append(f"{path.name}:{node.lineno} calls {name}")
+    assert not found, found

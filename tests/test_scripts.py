@@ -1142,6 +1142,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         release(core, [("a", 1)], now_ms=NOW),
         extend(core, [("a", 1)], lease_ms=LEASE, now_ms=NOW),
         core.reap(now_ms=NOW),
+        core.shard_count(1),
         core.cancel("a"),
         core.reschedule("a", delay=1, now_ms=NOW),
         core.replay(["a"], now_ms=NOW),

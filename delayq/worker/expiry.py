@@ -15,6 +15,10 @@ Three ways an expiry reaches a callback, one gate:
   compensation scan. A callback that starts over a second late says ``via="scan"``.
 
 All three lead to the same task, and a task runs once per claim: that is the gate.
+
+On a single server the bell shares the wake-up subscription's connection (waker.py); on
+Redis Cluster, where each node publishes only its own expiries, it is one subscription per
+primary that follows failovers and resharding (bells.py).
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import expiring
+from ..connection import describe
 from ..errors import Defer, DelayqError, Fail
+from ..runner import is_cluster
 from ..task import Task
 from ..timing import ms_to_datetime
+from .bells import ClusterBells
 
 if TYPE_CHECKING:
+    from .waker import Waker
     from .worker import Worker
 
 log = logging.getLogger("delayq.expiry")
@@ -72,6 +80,7 @@ class ExpiryWatcher:
         self._warned = False
         self._pending: list[str] = []
         self._notifier: asyncio.Task[None] | None = None
+        self.bells: ClusterBells | None = None  # on Redis Cluster: the per-primary bell
 
     def add(self, pattern: str, fn: ExpireFn) -> None:
         if not isinstance(pattern, str) or not pattern:
@@ -132,9 +141,34 @@ class ExpiryWatcher:
 
     # -- the bell ---------------------------------------------------------------------------
 
+    def attach(self, client: Any, waker: Waker) -> None:
+        """Wire the bell (if any pattern is registered): on a single server, a channel on
+        the waker's connection; on Redis Cluster, :meth:`start` runs one per primary."""
+        if not self.patterns:
+            return
+        if is_cluster(client):
+            self.bells = ClusterBells(
+                client,
+                self.channel_for(client),
+                self.on_message,
+                self._check_config,
+                self._cluster_mode,
+                on_refused=self._warn,
+            )
+            return
+        waker.extra[self.channel_for(client)] = self.on_message
+        waker.on_subscribed.append(self.on_subscribed)
+
+    def start(self) -> list[asyncio.Task[None]]:
+        """The bell's own loops (Redis Cluster only); the worker cancels them on exit."""
+        if self.bells is None:
+            return []
+        return [asyncio.get_running_loop().create_task(self.bells.run(), name="delayq-bells")]
+
     @staticmethod
     def channel_for(client: Any) -> str:
-        db = client.connection_pool.connection_kwargs.get("db", 0)
+        pool = getattr(client, "connection_pool", None)  # a RedisCluster has none: db 0
+        db = pool.connection_kwargs.get("db", 0) if pool is not None else 0
         return f"__keyevent@{db}__:expired"
 
     def on_message(self, data: Any) -> None:
@@ -187,6 +221,16 @@ class ExpiryWatcher:
                 delay = min(delay * 2, 5.0)
         if self.channel_for(self.worker.runner.client) not in self.worker.waker.extra:
             mode = "timer+scan"  # the subscription was refused meanwhile
+        await self._record(mode)
+        return mode
+
+    async def _cluster_mode(self, mode: str) -> None:
+        assert self.bells is not None
+        if mode == "notifications":
+            log.info("expiry bell on all %d primaries", len(self.bells.primaries))
+        await self._record(mode)
+
+    async def _record(self, mode: str) -> None:
         self.mode = mode
         try:
             await self.worker.runner.client.hset(
@@ -199,10 +243,12 @@ class ExpiryWatcher:
             )
         except RedisError as e:
             log.debug("could not record the expiry mode: %s", e)
-        return mode
 
-    async def _check_config(self) -> str:
-        client = self.worker.runner.client
+    async def _check_config(self, client: Any = None) -> str:
+        """Check (and if allowed set) ``notify-keyspace-events`` on ``client``'s server (the
+        worker's, or one cluster node's)."""
+        if client is None:
+            client = self.worker.runner.client
         try:
             reply = await client.config_get("notify-keyspace-events")
         except ResponseError as e:
@@ -217,7 +263,12 @@ class ExpiryWatcher:
             except ResponseError as e:
                 self._warn(f"Redis refused CONFIG SET ({e})")
                 return "timer+scan"
-            log.info("notify-keyspace-events was %r; added %r for the expiry bell", flags, missing)
+            log.info(
+                "notify-keyspace-events on %s was %r; added %r for the expiry bell",
+                describe(client),
+                flags,
+                missing,
+            )
             return "notifications"
         if missing:
             self._warn(f"notify-keyspace-events is {flags!r}, without {missing!r}")

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Callable
 
 from .. import leasing
-from ..core import QueueCore
 from ..errors import DelayqError
 from ..runner import AsyncRunner
+from ..shards import Shards
 
 log = logging.getLogger("delayq.worker")
 
@@ -17,7 +17,7 @@ log = logging.getLogger("delayq.worker")
 class Heartbeat:
     def __init__(
         self,
-        core: QueueCore,
+        shards: Shards,
         runner: AsyncRunner,
         leases: dict[str, int],
         lease_ms: int,
@@ -26,7 +26,7 @@ class Heartbeat:
         worker_id: str = "",
         registration: Callable[[], str] = lambda: "",
     ) -> None:
-        self.core = core
+        self.shards = shards
         self.runner = runner
         self.leases = leases  # the worker's live map: id -> token
         self.lease_ms = lease_ms
@@ -40,16 +40,18 @@ class Heartbeat:
         held = list(self.leases.items())
         sent = dict(held)
         lost: list[tuple[str, int]] = []
-        for i in range(0, len(held), 1000):
-            op = leasing.extend(
-                self.core,
-                held[i : i + 1000],
-                lease_ms=self.lease_ms,
-                worker=self.worker_id,
-                worker_info=self.registration(),
-            )
-            reply: list[str] = await self.runner.run(op)
-            lost.extend((tid, sent[tid]) for tid in reply)
+        for core, leases in self.shards.group(held, lambda lease: lease[0]):
+            home = core is self.shards.home  # the registration rides on the home shard
+            for i in range(0, len(leases), 1000):
+                op = leasing.extend(
+                    core,
+                    leases[i : i + 1000],
+                    lease_ms=self.lease_ms,
+                    worker=self.worker_id if home else "",
+                    worker_info=self.registration() if home else "",
+                )
+                reply: list[str] = await self.runner.run(op)
+                lost.extend((tid, sent[tid]) for tid in reply)
         # A lease written off meanwhile (its result just acked) is not lost, just gone; one
         # re-claimed meanwhile has a new token and is not this one.
         lost = [(tid, token) for tid, token in lost if self.leases.get(tid) == token]

@@ -12,6 +12,7 @@ from .. import leasing
 from ..core import Op, QueueCore
 from ..errors import DelayqError
 from ..runner import AsyncRunner
+from ..shards import Shards
 
 log = logging.getLogger("delayq.worker")
 
@@ -27,6 +28,17 @@ class Outcome:
     text: str = ""  # retry: error; bury: reason
 
 
+def _op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
+    leases = [(o.id, o.token) for o in items]
+    if action in ("ack", "discard"):
+        return leasing.ack(core, leases, discarded=action == "discard")
+    if action == "retry":
+        return leasing.retry(core, [(o.id, o.token, o.due, o.text) for o in items])
+    if action == "bury":
+        return leasing.bury(core, [(o.id, o.token, o.text) for o in items])
+    return leasing.release(core, leases, dues=[o.due for o in items])
+
+
 class Finisher:
     """Writes outcomes in batches: one round trip carries every result that finished while
     the previous one was in flight, so a busy worker acks thousands of tasks per call while
@@ -35,11 +47,11 @@ class Finisher:
 
     def __init__(
         self,
-        core: QueueCore,
+        shards: Shards,
         runner: AsyncRunner,
         on_written: Callable[[list[Outcome], set[str]], None],
     ) -> None:
-        self.core = core
+        self.shards = shards
         self.runner = runner
         self.on_written = on_written
         self._pending: list[Outcome] = []
@@ -58,24 +70,15 @@ class Finisher:
             await self._idle.wait()
 
     def _ops(self, batch: list[Outcome]) -> list[Op[list[str]]]:
-        by: dict[Action, list[Outcome]] = {}
-        for o in batch:
-            by.setdefault(o.action, []).append(o)
         ops: list[Op[list[str]]] = []
-        for action, items in by.items():
-            for i in range(0, len(items), 1000):
-                ops.append(self._op(action, items[i : i + 1000]))
+        for core, in_shard in self.shards.group(batch, lambda o: o.id):
+            by: dict[Action, list[Outcome]] = {}
+            for o in in_shard:
+                by.setdefault(o.action, []).append(o)
+            for action, items in by.items():
+                for i in range(0, len(items), 1000):
+                    ops.append(_op(core, action, items[i : i + 1000]))
         return ops
-
-    def _op(self, action: Action, items: list[Outcome]) -> Op[list[str]]:
-        leases = [(o.id, o.token) for o in items]
-        if action in ("ack", "discard"):
-            return leasing.ack(self.core, leases, discarded=action == "discard")
-        if action == "retry":
-            return leasing.retry(self.core, [(o.id, o.token, o.due, o.text) for o in items])
-        if action == "bury":
-            return leasing.bury(self.core, [(o.id, o.token, o.text) for o in items])
-        return leasing.release(self.core, leases, dues=[o.due for o in items])
 
     async def run(self) -> None:
         delay = 0.1

@@ -21,9 +21,13 @@ log = logging.getLogger("delayq.worker")
 
 
 class Waker:
-    def __init__(self, client: Any, channel: str) -> None:
+    def __init__(self, client: Any, channel: str, shard_channels: tuple[str, ...] = ()) -> None:
         self.client = client
         self.channel = channel
+        # A sharded queue: one wake channel per shard (the first is ``channel``); the claim
+        # loop visits the shards announced since its last claim (``woken``).
+        self.wake_channels = {c.encode(): i for i, c in enumerate(shard_channels or (channel,))}
+        self.woken: set[int] = set()
         # Other channels heard on the same connection (the expiry bell), and what to run
         # after every (re)subscription.
         self.extra: dict[str, Callable[[Any], None]] = {}
@@ -36,28 +40,33 @@ class Waker:
         self.poked = True
         self.event.set()
 
-    def reset(self) -> None:
-        """Called just before a claim: what was announced so far, the claim will see."""
+    def reset(self) -> tuple[bool, set[int]]:
+        """Called just before a claim: what was announced so far, the claim will see.
+        Returns whether it was poked and which shards were announced."""
+        poked, woken = self.poked, self.woken
         self.poked = False
         self.hint_ms = None
+        self.woken = set()
+        return poked, woken
 
     async def run(self) -> None:
         delay = 0.1
         while True:
             pubsub = self.client.pubsub()
             try:
-                await pubsub.subscribe(self.channel, *self.extra)
+                await pubsub.subscribe(*(c.decode() for c in self.wake_channels), *self.extra)
                 self.poke()  # anything published while we were away: look now
                 for hook in self.on_subscribed:
                     hook()
                 delay = 0.1
-                wake = self.channel.encode()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
                     if msg is None or msg.get("type") != "message":
                         continue
                     channel = msg["channel"]
-                    if channel == wake:
+                    shard = self.wake_channels.get(channel)
+                    if shard is not None:
+                        self.woken.add(shard)
                         self._note(msg["data"])
                     else:
                         name = channel.decode() if isinstance(channel, bytes) else channel

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -24,7 +25,7 @@ from typing import Any
 
 from .. import leasing
 from ..connection import async_client
-from ..errors import ConfigurationError, DelayqError
+from ..errors import ConfigurationError, ConnectionFailed, DelayqError
 from ..expiring import EXPIRE_KIND
 from ..queue import AsyncQueue, Queue
 from ..runner import AsyncRunner
@@ -219,7 +220,9 @@ class Worker:
     def _begin_stop(self) -> None:
         if self._stopping is not None:
             self._stopping.set()
-            self.waker.poke()
+            waker = getattr(self, "waker", None)  # None while still starting
+            if waker is not None:
+                waker.poke()
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
@@ -237,12 +240,21 @@ class Worker:
         )
         self.runner = AsyncRunner(client)
         self.eviction_policy = await check_eviction(client)
+        try:
+            await self._check_shards()
+        except DelayqError:  # a wrong shard count, or scripts refused
+            if self._client_arg is None:
+                await client.aclose()
+            raise
         self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
-        self.waker = Waker(client, self.core.keys.wake_channel)
-        if self.expiry.patterns:
-            self.waker.extra[self.expiry.channel_for(client)] = self.expiry.on_message
-            self.waker.on_subscribed.append(self.expiry.on_subscribed)
-        self.finisher = Finisher(self.core, self.runner, lambda o, r: self.runs.written(o, r))
+        shards = self.queue.shards
+        self.waker = Waker(
+            client,
+            self.core.keys.wake_channel,
+            tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
+        )
+        self.expiry.attach(client, self.waker)  # the bell: the waker's channel, or per primary
+        self.finisher = Finisher(shards, self.runner, lambda o, r: self.runs.written(o, r))
         self.executor = Executor(
             self.registry,
             self.core.name,
@@ -254,7 +266,7 @@ class Worker:
         self.runs = Runs(self.executor, self.finisher, self._to_loop, self.waker.poke)
         lease_ms = round(self.lease_s * 1000)
         self.heartbeat = Heartbeat(
-            self.core,
+            shards,
             self.runner,
             self.runs.leases,
             lease_ms,
@@ -269,6 +281,7 @@ class Worker:
             asyncio.create_task(self.waker.run(), name="delayq-waker"),
             asyncio.create_task(self.finisher.run(), name="delayq-finisher"),
             asyncio.create_task(self.heartbeat.run(), name="delayq-heartbeat"),
+            *self.expiry.start(),
         ]
         for hook in self.startup:
             try:
@@ -319,7 +332,12 @@ class Worker:
     async def _claim_loop(self, lease_ms: int) -> None:
         loop = asyncio.get_running_loop()
         assert self._stopping is not None
-        lookahead_ms = round(self.lookahead_s * 1000)
+        cores = self.queue.shards.cores
+        # Per shard: the loop time its earliest due task or lease deadline falls due (inf:
+        # nothing known), and when it was last looked at. One shard: looked at every time.
+        next_at = [0.0] * len(cores)
+        seen_at = [0.0] * len(cores)
+        turn = 0  # which shard goes first: rotates, so no shard's backlog starves another
         error_delay = 0.1
         while not self._stopping.is_set():
             free = self.concurrency - self.runs.busy
@@ -329,37 +347,84 @@ class Worker:
                 self.waker.reset()
                 await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
-            self.waker.reset()
-            registration = self._registration_due()
-            sent = loop.time()
+            poked, woken = self.waker.reset()
+            now = loop.time()
+            soon = now + self.lookahead_s
+            order = [(turn + k) % len(cores) for k in range(len(cores))]
+            turn += 1
+            visit = [
+                i
+                for i in order
+                if len(cores) == 1
+                or poked
+                or i in woken
+                or next_at[i] <= soon
+                or now - seen_at[i] >= self.max_wait_s
+            ]
+            full = False
             try:
-                result = await self.runner.run(
-                    leasing.claim(
-                        self.core,
-                        limit=free,
-                        lease_ms=lease_ms,
-                        lookahead_ms=lookahead_ms,
-                        worker=registration[0],
-                        worker_info=registration[1],
-                    )
-                )
+                for i in visit:
+                    seen_at[i] = loop.time()
+                    next_at[i], got = await self._claim_from(i, free, lease_ms)
+                    free -= got
+                    if free <= 0:
+                        full = True
+                        break
             except DelayqError as e:
                 log.warning("claim failed (%s); retrying in %.1f s", e, error_delay)
                 await self.waker.sleep_until(loop.time() + error_delay)
                 error_delay = min(error_delay * 2, 5.0)
                 continue
             error_delay = 0.1
-            self.clock.observe(result.now_ms, sent, loop.time())
-            for claimed in result.tasks:
-                self.runs.start(claimed)
-            if len(result.tasks) >= free:
+            if full:
                 continue  # a full batch: more may be due right now
-            deadline = loop.time() + self.max_wait_s
-            if result.next_due_ms is not None:
-                deadline = min(deadline, self._to_loop(result.next_due_ms) - self.lookahead_s)
-            if result.next_lease_ms is not None:
-                deadline = min(deadline, self._to_loop(result.next_lease_ms) + 0.001)
+            deadline = min(
+                [loop.time() + self.max_wait_s, *(t - self.lookahead_s for t in next_at)]
+            )
             await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
+
+    async def _claim_from(self, shard: int, free: int, lease_ms: int) -> tuple[float, int]:
+        """Claim up to ``free`` tasks from one shard and start them; returns (loop time the
+        shard next needs a look, tasks claimed). Registration rides on the home shard."""
+        loop = asyncio.get_running_loop()
+        core = self.queue.shards.cores[shard]
+        worker, info = self._registration_due() if shard == 0 else ("", "")
+        sent = loop.time()
+        result = await self.runner.run(
+            leasing.claim(
+                core,
+                limit=free,
+                lease_ms=lease_ms,
+                lookahead_ms=round(self.lookahead_s * 1000),
+                worker=worker,
+                worker_info=info,
+            )
+        )
+        self.clock.observe(result.now_ms, sent, loop.time())
+        for claimed in result.tasks:
+            self.runs.start(claimed)
+        next_at = math.inf
+        if result.next_due_ms is not None:
+            next_at = self._to_loop(result.next_due_ms)
+        if result.next_lease_ms is not None:
+            next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
+        return next_at, len(result.tasks)
+
+    async def _check_shards(self) -> None:
+        """Serving a queue with the wrong shard count would leave some shards unserved:
+        refuse to start (ConfigurationError). Redis not there yet: wait for it, as claims do."""
+        assert self._stopping is not None
+        delay = 0.1
+        while not self._stopping.is_set() and not self._stop_requested.is_set():
+            try:
+                stored = await self.runner.run(self.queue.shards.check_op())
+            except ConnectionFailed as e:
+                log.warning("cannot read the queue's shard count (%s); retrying", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.queue.shards.verify(stored)
+            return
 
     def _to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())

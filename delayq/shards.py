@@ -1,0 +1,102 @@
+"""A queue split over N shards, each under its own hash tag, so a Redis Cluster spreads its
+load over the primaries. Pure: which shard holds a task, grouping by shard, adding up.
+
+A task's shard is a stable hash of its id (keys.shard_of), so every process finds it without
+asking. Shard 0 is the home shard: worker registrations, cron schedules and watched keys
+live there. With one shard (the default) the keys are those of an unsplit queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from .core import Op, QueueCore
+from .errors import ConfigurationError
+from .keys import MAX_SHARDS, shard_of
+from .task import QueueStats, TaskInfo
+
+T = TypeVar("T")
+
+
+def validate_shards(shards: Any) -> int:
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise ConfigurationError(f"shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
+    return shards
+
+
+class Shards:
+    def __init__(self, name: str, shards: int, **core_options: Any) -> None:
+        self.n = validate_shards(shards)
+        self.cores = [
+            QueueCore(name, shard=i, shards=self.n, **core_options) for i in range(self.n)
+        ]
+        self.home = self.cores[0]
+        # The unsplit queue's core: where the shard count is kept (the home core if n == 1).
+        self.root = self.home if self.n == 1 else QueueCore(name, **core_options)
+        self.checked = False
+
+    def of(self, task_id: str) -> QueueCore:
+        return self.cores[shard_of(task_id, self.n)]
+
+    def group(
+        self, items: Iterable[T], task_id: Callable[[T], str]
+    ) -> list[tuple[QueueCore, list[T]]]:
+        """Items by shard, in shard order; shards with no items left out."""
+        by: dict[int, list[T]] = {}
+        for item in items:
+            by.setdefault(shard_of(task_id(item), self.n), []).append(item)
+        return [(self.cores[i], by[i]) for i in sorted(by)]
+
+    def check_op(self) -> Op[int]:
+        """Read (or set once) the stored shard count; see :meth:`verify`."""
+        return self.root.shard_count(self.n)
+
+    def verify(self, stored: int) -> None:
+        if stored != self.n:
+            name = self.home.name
+            raise ConfigurationError(
+                f"queue {name!r} is split into {stored} shard(s), but was opened with "
+                f"shards={self.n}: open it with shards={stored}. A queue with waiting or "
+                "running tasks cannot be re-split (they would be stranded); to change it, "
+                f"drain the queue and delete the key {self.root.keys.shards}"
+            )
+        self.checked = True
+
+
+def add_stats(parts: Sequence[QueueStats]) -> QueueStats:
+    """The shards' stats as one queue's."""
+    if len(parts) == 1:
+        return parts[0]
+    counters: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.counters.items():
+            counters[k] = counters.get(k, 0) + v
+    heads = [p.next_due_at for p in parts if p.next_due_at is not None]
+    leases = [p.next_lease_deadline for p in parts if p.next_lease_deadline is not None]
+    return replace(
+        parts[0],
+        scheduled=sum(p.scheduled for p in parts),
+        due=sum(p.due for p in parts),
+        active=sum(p.active for p in parts),
+        dead=sum(p.dead for p in parts),
+        done=sum(p.done for p in parts),
+        oldest_due_age=max(p.oldest_due_age for p in parts),
+        next_due_at=min(heads) if heads else None,
+        next_lease_deadline=min(leases) if leases else None,
+        counters=counters,
+        now=max(p.now for p in parts),
+    )
+
+
+def merge_dead(parts: Sequence[list[TaskInfo]], offset: int, limit: int) -> list[TaskInfo]:
+    """Pages of each shard's dead set (each most recent first) as one page of the queue's."""
+    if len(parts) == 1:
+        return parts[0][offset : offset + limit]
+    merged = sorted(
+        (t for p in parts for t in p),
+        key=lambda t: t.finished_at.timestamp() if t.finished_at else 0.0,
+        reverse=True,
+    )
+    return merged[offset : offset + limit]

@@ -1,0 +1,140 @@
+"""A queue split over shards: routing by id, fair claiming, stats added up, and a changed
+shard count refused before anything is stranded. On one server here; tests/test_cluster.py
+runs the same on a real Redis Cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from delayq import ConfigurationError, Queue, Task, Worker
+from delayq.embedded import EmbeddedServer
+from delayq.keys import shard_of
+
+from .helpers import wait_for
+
+
+def test_tasks_spread_over_shards_and_each_id_goes_to_its_own(
+    server: EmbeddedServer, qname: str
+) -> None:
+    queue = Queue(qname, url=server.url, shards=8)
+    ids = queue.schedule_many([{"kind": "k", "payload": i, "delay": 60} for i in range(800)])
+    per_shard = Counter(shard_of(i, 8) for i in ids)
+    assert len(per_shard) == 8 and min(per_shard.values()) > 50  # spread, not piled up
+    for core in queue.shards.cores:
+        stored = {x.decode() for x in queue.client.zrange(core.keys.scheduled, 0, -1)}
+        assert stored == {i for i in ids if shard_of(i, 8) == core.shard}
+    assert queue.stats().scheduled == 800  # the shards added up
+    info = queue.get(ids[5])
+    assert info is not None and info.payload == 5 and info.state == "scheduled"
+    assert queue.reschedule(ids[5], delay=120) and queue.cancel(ids[6])
+    assert queue.get(ids[6]) is None and queue.stats().scheduled == 799
+    assert queue.schedule("k", 1, task_id="fixed", delay=60) == "fixed"
+    assert queue.client.zscore(queue.shards.of("fixed").keys.scheduled, "fixed") is not None
+    queue.close()
+
+
+def test_a_worker_drains_every_shard_and_none_starves(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    queue = Queue(qname, url=server.url, shards=4)
+    worker = Worker(queue, concurrency=8)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        with lock:
+            ran.append(task.id)
+
+    # A backlog on every shard, due now: all shards are served in the first second, not
+    # one shard after another.
+    ids = queue.schedule_many([{"kind": "k", "payload": i} for i in range(2000)])
+    with run_worker(worker):
+        wait_for(lambda: len(ran) >= 200, timeout=20)
+        first = Counter(shard_of(i, 4) for i in ran[:200])
+        wait_for(lambda: queue.stats().done == 2000, timeout=60)
+        # Idle, a task scheduled later on any shard is woken for and run promptly.
+        late = [queue.schedule("k", i, delay=0.2) for i in range(8)]
+        wait_for(lambda: set(late) <= set(ran), timeout=5)
+    assert len(first) == 4 and min(first.values()) >= 20, first
+    assert sorted(ran) == sorted(ids + late)  # each once
+    stats = queue.stats()
+    assert (stats.scheduled, stats.active, stats.done) == (0, 0, 2008)
+    assert stats.counters["succeeded"] == 2008
+    queue.close()
+
+
+def test_dead_tasks_of_all_shards_are_listed_replayed_and_purged(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    queue = Queue(qname, url=server.url, shards=3)
+    worker = Worker(queue)
+    fixed = threading.Event()
+
+    @worker.handler("k", max_attempts=1)
+    def k(task: Task) -> None:
+        if not fixed.is_set():
+            raise RuntimeError("bug")
+
+    ids = [queue.schedule("k", i, task_id=f"d{i}") for i in range(9)]
+    with run_worker(worker):
+        wait_for(lambda: queue.stats().dead == 9)
+        assert {t.id for t in queue.dead()} == set(ids)
+        assert len(queue.dead(0, 4)) == 4 and len(queue.dead(4, 100)) == 5
+        fixed.set()
+        assert queue.replay(["d0", "d1"]) == 2
+        assert queue.purge_dead(["d2"]) == 1
+        assert queue.replay() == 6
+        wait_for(lambda: queue.stats().done == 8)
+    assert queue.stats().dead == 0
+    queue.close()
+
+
+def test_a_different_shard_count_is_refused(server: EmbeddedServer, qname: str) -> None:
+    split = Queue(qname, url=server.url, shards=4)
+    split.schedule("k", 1, delay=60)
+    for n in (1, 8):
+        other = Queue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.schedule("k", 2, delay=60)
+        other.close()
+    assert split.stats().scheduled == 1
+    split.close()
+
+
+def test_an_unsplit_queue_with_waiting_tasks_is_not_split(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    plain = Queue(qname, url=server.url)
+    plain.schedule("k", 1, delay=60)
+    split = Queue(qname, url=server.url, shards=4)
+    with pytest.raises(ConfigurationError, match="split into 1 shard"):
+        split.schedule("k", 2, delay=60)
+    worker = Worker(split)
+    worker.handler("k")(lambda task: None)
+    with pytest.raises(ConfigurationError, match="opened with shards=4"):
+        worker.run()
+    assert plain.stats().scheduled == 1  # still there, still served by unsplit workers
+    plain.close()
+    split.close()
+
+
+def test_bad_shard_counts(server: EmbeddedServer) -> None:
+    for bad in (0, -1, 1025, 2.5, True):
+        with pytest.raises(ConfigurationError, match="shards must be an int"):
+            Queue("q", url=server.url, shards=bad)  # type: ignore[arg-type]
+
+
+def test_stats_and_next_due_across_shards(server: EmbeddedServer, qname: str) -> None:
+    queue = Queue(qname, url=server.url, shards=5)
+    queue.schedule_many([{"kind": "k", "delay": 30 + i} for i in range(10)])
+    stats = queue.stats()
+    assert stats.scheduled == 10 and stats.due == 0
+    assert stats.next_due_at is not None
+    assert 25 < stats.next_due_at.timestamp() - time.time() < 32
+    queue.close()
