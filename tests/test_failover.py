@@ -46,7 +46,7 @@ def _run_with_primary_killed(
     history = History(name, seed)
     workers = Workers(tmp_path, _env("fo", topology.url, shards), 2)
     producer = Producer(
-        queue, history, rng, rate=150, seconds=10, delay=(0.5, 3.0), durable=durable, batch=300
+        queue, history, rng, rate=150, seconds=14, delay=(0.5, 3.0), durable=durable, batch=300
     )
     try:
         t0 = time.monotonic()
