@@ -252,18 +252,29 @@ async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | 
         if attempt:
             await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
             await client.nodes_manager.initialize()
-        for node, idx in _by_primary(client, ops, todo).items():
-            commands = [("EVALSHA", *_argv(ops[i])) for i in idx]
-            commands += durable.commands() if durable is not None else []
-            try:
-                got = await _one_connection(node, commands)
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                continue
+        groups = list(_by_primary(client, ops, todo).items())
+        # The primaries are independent: one round trip to all of them at once.
+        results = await asyncio.gather(
+            *(_one_connection(node, _commands(ops, idx, durable)) for node, idx in groups),
+            return_exceptions=True,
+        )
+        for (_node, idx), got in zip(groups, results, strict=True):
+            if isinstance(got, RedisConnectionError | RedisTimeoutError | OSError):
+                continue  # left unsent: retried against the new map
+            if isinstance(got, BaseException):
+                raise got
             for j, i in enumerate(idx):
                 replies[i] = got[j]
             waits.append(got[len(idx) :])
     done = [_unsent_error(r) for r in replies]
     return done if durable is None else [*done, waits]
+
+
+def _commands(
+    ops: Sequence[Op[Any]], idx: list[int], durable: Durable | None
+) -> list[tuple[Any, ...]]:
+    commands: list[tuple[Any, ...]] = [("EVALSHA", *_argv(ops[i])) for i in idx]
+    return commands + (durable.commands() if durable is not None else [])
 
 
 async def _one_connection(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
