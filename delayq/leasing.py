@@ -95,16 +95,19 @@ def ack(
     leases: Sequence[Lease],
     *,
     discarded: bool = False,
-    trim_limit: int = 20,
+    trim_limit: int | None = None,
     now_ms: int | None = None,
 ) -> Op[list[str]]:
+    # Each call forgets up to twice the records it adds (at least 20): under any sustained
+    # load, finished records leave once their dedupe window has passed instead of piling up.
+    trim = trim_limit if trim_limit is not None else max(20, 2 * len(leases))
     return core.op(
         "ack",
         {
             "now": _now_arg(now_ms),
             "dedupe_ms": core.dedupe_ms,
             "counter": "discarded" if discarded else "succeeded",
-            "trim_limit": trim_limit,
+            "trim_limit": trim,
         },
         _flat(leases),
         _ids,

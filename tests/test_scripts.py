@@ -1259,3 +1259,19 @@ def test_parse_header_reads_names_in_order_and_stops_at_the_body() -> None:
         "-- ARGV[2...] ids  the rest\nlocal x = 1\n-- KEYS[3] late\n"
     )
     assert parse_header("x", text) == (("scheduled", "tasks"), ("now",), "ids")
+
+
+def test_acks_forget_expired_records_faster_than_they_add_new_ones(queue: Queue) -> None:
+    """Under sustained load every ack call adds its batch to the finished set; it must also
+    forget more expired records than that, or they pile up past the dedupe window."""
+    core, run = queue.core, SyncRunner(queue.client).run
+    keys = core.keys
+    expired = {f"old{i}": 0 for i in range(300)}  # finished long before the window
+    queue.client.zadd(keys.done, expired)
+    queue.client.hset(keys.tasks, mapping=dict.fromkeys(expired, b"{}\n"))
+    run(core.schedule([TaskSpec("job", task_id=f"n{i}") for i in range(100)], now_ms=NOW))
+    claimed = run(claim(core, limit=100, lease_ms=LEASE, now_ms=NOW)).tasks
+    assert run(ack(core, [(c.id, c.token) for c in claimed], now_ms=NOW)) == []
+    # 100 added, 200 expired ones forgotten (twice the batch), records with them.
+    assert queue.client.zcard(keys.done) == 300 - 200 + 100
+    assert queue.client.hlen(keys.tasks) == 300 - 200 + 100
