@@ -23,6 +23,7 @@ from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from .queue import Queue
 from .runner import SyncRunner, translate
+from .shards import add_stats
 from .task import QueueStats, TaskInfo, WorkerInfo
 from .timing import ms_to_datetime
 
@@ -57,6 +58,10 @@ class QueueOverview:
             "workers_alive": len(self.live_workers),
             "workers": [w.as_dict() for w in self.workers],
         }
+
+
+def _ts(when: datetime | None) -> float:
+    return when.timestamp() if when is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -198,9 +203,22 @@ class Admin:
         q = self._queues.get(name)
         if q is None:
             q = self._queues[name] = Queue(
-                name, url=self.url, client=self.client, prefix=self.prefix
+                name,
+                url=self.url,
+                client=self.client,
+                prefix=self.prefix,
+                shards=self.shard_count(name),
             )
         return q
+
+    def shard_count(self, name: str) -> int:
+        """How many shards the queue is split into, as its first user stored it (1 if none
+        did): an inspector reads every shard without being told."""
+        try:
+            stored = self.client.hget(QueueKeys(validate_queue_name(name), self.prefix).shards, "n")
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+        return int(stored) if stored else 1
 
     # -- which queues ---------------------------------------------------------------------------
 
@@ -244,14 +262,19 @@ class Admin:
 
     def overviews(self, names: Iterable[str] | None = None) -> list[QueueOverview]:
         """Stats and workers of each queue, all in one round trip."""
-        cores = [self.queue(n).core for n in (self.queue_names() if names is None else names)]
-        if not cores:
+        queues = [self.queue(n) for n in (self.queue_names() if names is None else names)]
+        if not queues:
             return []
         ops: list[Op[Any]] = []
-        for core in cores:
-            ops += [core.stats(), core.workers()]
+        for q in queues:  # every shard's stats, and the workers (registered on shard 0)
+            ops += [*(c.stats() for c in q.shards.cores), q.core.workers()]
         replies = self.runner.run_many(ops)
-        return [QueueOverview(replies[i], replies[i + 1]) for i in range(0, len(replies), 2)]
+        out, i = [], 0
+        for q in queues:
+            n = q.shards.n
+            out.append(QueueOverview(add_stats(replies[i : i + n]), replies[i + n]))
+            i += n + 1
+        return out
 
     def overview(self, name: str) -> QueueOverview:
         return self.overviews([name])[0]
@@ -260,7 +283,16 @@ class Admin:
         self, name: str, state: PageState, offset: int = 0, limit: int = 100
     ) -> list[TaskInfo]:
         """Waiting tasks (by due time) or running ones (by lease deadline)."""
-        return self.runner.run(page(self.queue(name).core, state, offset, limit))
+        cores = self.queue(name).shards.cores
+        if len(cores) == 1:
+            return self.runner.run(page(cores[0], state, offset, limit))
+        parts = self.runner.run_many([page(c, state, 0, offset + limit) for c in cores])
+
+        def when(t: TaskInfo) -> float:
+            return _ts(t.due_at if state == "scheduled" else t.lease_deadline)
+
+        merged = sorted((t for p in parts for t in p), key=when)
+        return merged[offset : offset + limit]
 
     def dead(self, name: str, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """Dead tasks, most recent first, with their reasons."""
@@ -268,17 +300,30 @@ class Admin:
         return self.queue(name).dead(offset, limit)
 
     def timeline(self, name: str, bucket_seconds: float = 60, buckets: int = 60) -> Timeline:
-        return self.runner.run(timeline(self.queue(name).core, bucket_seconds, buckets))
+        cores = self.queue(name).shards.cores
+        parts = self.runner.run_many([timeline(c, bucket_seconds, buckets) for c in cores])
+        first = parts[0]
+        return Timeline(
+            now=max(p.now for p in parts),
+            bucket_seconds=first.bucket_seconds,
+            overdue=sum(p.overdue for p in parts),
+            counts=[sum(c) for c in zip(*(p.counts for p in parts), strict=True)],
+            later=sum(p.later for p in parts),
+        )
 
     def finished(self, name: str, limit: int = 500) -> list[Finished]:
-        return self.runner.run(finished(self.queue(name).core, limit))
+        cores = self.queue(name).shards.cores
+        parts = self.runner.run_many([finished(c, limit) for c in cores])
+        merged = sorted((f for p in parts for f in p), key=lambda f: f.finished_at, reverse=True)
+        return merged[:limit]
 
     def task(self, name: str, task_id: str) -> TaskInfo | None:
         return self.queue(name).get(task_id)
 
     def find_task(self, task_id: str, names: Iterable[str] | None = None) -> list[TaskInfo]:
         """Look a task id up in several queues at once (one round trip)."""
-        cores = [self.queue(n).core for n in (self.queue_names() if names is None else names)]
+        queues = [self.queue(n) for n in (self.queue_names() if names is None else names)]
+        cores = [q.shards.of(task_id) for q in queues]
         if not cores:
             return []
         replies = self.runner.run_many([c.get(task_id) for c in cores])

@@ -6,7 +6,7 @@ import os
 import ssl
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aredis
@@ -54,12 +54,13 @@ def resolve_url(url: str | None) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL with its password hidden, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The URL with its password hidden, for messages and logs (a password holding ``#`` or
+    ``?`` unencoded included, which URL parsing would not see as one)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hosts}"
 
 
 # A queue's own calls (schedule, cancel, get ...) are idempotent (ids are made client-side),

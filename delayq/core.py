@@ -197,7 +197,12 @@ class QueueCore:
         return ids, rest
 
     def schedule(
-        self, specs: Sequence[TaskSpec], *, replace: bool = False, now_ms: int | None = None
+        self,
+        specs: Sequence[TaskSpec],
+        *,
+        replace: bool = False,
+        durable: bool = False,
+        now_ms: int | None = None,
     ) -> Op[list[str]]:
         ids, rest = self.encode_tasks(specs)
         return self.op(
@@ -207,6 +212,7 @@ class QueueCore:
                 "dedupe_ms": self.dedupe_ms,
                 "replace": "1" if replace else "0",
                 "channel": self.keys.wake_channel,
+                "durable": "1" if durable else "0",
             },
             rest,
             lambda _reply: ids,

@@ -7,6 +7,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import click
+import redis
 
 from . import cron_ops
 from .connection import URL_ENV
@@ -22,7 +23,16 @@ def _open(queue: str | None, url: str | None) -> Queue:
     if not queue:
         raise click.UsageError(f"which queue? pass --queue NAME or set ${QUEUE_ENV}")
     try:
-        return Queue(queue, url=url)
+        q = Queue(queue, url=url)
+        try:
+            stored = q.client.hget(q.shards.root.keys.shards, "n")
+        except redis.RedisError:
+            return q  # unreachable: the next call says so, with where and how to fix it
+        if stored and int(stored) != 1:  # a split queue: its schedules live on shard 0
+            split = Queue(queue, url=url, client=q.client, shards=int(stored))
+            split._owns_client = True  # it took over q's client
+            return split
+        return q
     except (DelayqError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 

@@ -103,8 +103,9 @@ class QueueKeys:
 
     @property
     def shards(self) -> str:
-        """HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split
-        (absent: one), so a process opening it with another number is refused, not split."""
+        """HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split,
+        stored by the first process to use it, so one opening it with another number is
+        refused instead of writing where the others do not look."""
         return f"{self.base}:shards"
 
     @property

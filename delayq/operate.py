@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .core import REPLY_BATCH
+from .core import REPLY_BATCH, validate_task_id
 from .queue import Queue
 from .runner import SyncRunner
 from .timing import Duration, seconds
@@ -55,16 +55,17 @@ def replay_dead(
     runner = SyncRunner(queue.client)
     total = 0
     if ids is not None:
-        for batch in _batches(ids):
-            n = runner.run(queue.core.replay(batch))
+        for core, in_shard in queue.shards.group(ids, validate_task_id):
+            for batch in _batches(in_shard):
+                total += runner.run(core.replay(batch))
+                if progress:
+                    progress(len(batch))
+        return total
+    for core in queue.shards.cores:
+        while n := runner.run(core.replay(None)):
             total += n
             if progress:
-                progress(len(batch))
-        return total
-    while n := runner.run(queue.core.replay(None)):
-        total += n
-        if progress:
-            progress(n)
+                progress(n)
     return total
 
 
@@ -79,17 +80,19 @@ def purge_dead(
     runner = SyncRunner(queue.client)
     total = 0
     if ids is not None:
-        for batch in _batches(ids):
-            total += runner.run(queue.core.purge_dead(batch))
-            if progress:
-                progress(len(batch))
+        for core, in_shard in queue.shards.group(ids, validate_task_id):
+            for batch in _batches(in_shard):
+                total += runner.run(core.purge_dead(batch))
+                if progress:
+                    progress(len(batch))
         return total
     before = None
     if older_than is not None:
         now_ms = queue.stats().now.timestamp() * 1000
         before = int(now_ms - seconds(older_than, "older_than") * 1000)
-    while n := runner.run(queue.core.purge_dead(None, before_ms=before)):
-        total += n
-        if progress:
-            progress(n)
+    for core in queue.shards.cores:
+        while n := runner.run(core.purge_dead(None, before_ms=before)):
+            total += n
+            if progress:
+                progress(n)
     return total

@@ -13,6 +13,8 @@ from typing import Any, Generic, TypeVar, Unpack
 
 import redis
 import redis.asyncio as aredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .codec import DEFAULT_MAX_PAYLOAD
 from .connection import RETRIES, async_client, check_client, resolve_url, sync_client
@@ -141,7 +143,7 @@ class _Base(Generic[C]):
         return self.core.name
 
     def _schedule_ops(
-        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool
+        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool = False
     ) -> tuple[list[str], list[Op[list[str]]]]:
         """(ids in the order given, script calls per shard). Everything is validated and
         encoded first: a bad task refuses the whole call unwritten."""
@@ -152,7 +154,7 @@ class _Base(Generic[C]):
         if len(set(ids)) != len(ids):
             raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
         ops = [
-            core.schedule(chunk, replace=replace)
+            core.schedule(chunk, replace=replace, durable=durable)
             for core, group in self.shards.group(specs, lambda s: str(s.task_id))
             for chunk in _chunks(group, SCHEDULE_BATCH)
         ]
@@ -168,22 +170,26 @@ class _Base(Generic[C]):
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
     ) -> Plan[list[str]]:
-        ids, ops = self._schedule_ops(tasks, replace)
+        ids, ops = self._schedule_ops(tasks, replace, durable)
         yield from self._check_shards_plan()
         done: list[str] = []
         wait = self.durable if durable else None
         for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
             try:
                 replies = yield from batch_plan(group, wait)
-            except ConnectionFailed as e:
-                raise e.partial(done, [i for op in group for i in op.parse(None)]) from None
+            except (ConnectionFailed, RedisConnectionError, RedisTimeoutError) as e:
+                # A cluster node that stayed unreachable comes back as its calls' reply.
+                err = e if isinstance(e, ConnectionFailed) else ConnectionFailed(str(e))
+                raise err.partial(done, [i for op in group for i in op.parse(None)]) from None
             for reply in replies:
                 done.extend(reply)
         return ids
 
     def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[str]:
         ids, ops = self._schedule_ops(
-            [_spec(kind, payload, options)], options.get("replace", False)
+            [_spec(kind, payload, options)],
+            options.get("replace", False),
+            options.get("durable", False),
         )
         yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None

@@ -53,8 +53,9 @@ def translate(exc: Exception, client: Any) -> Exception:
     """Redis errors become delayq errors that say where we tried and what to do."""
     if isinstance(exc, _RECONFIGURING):
         return ConnectionFailed(
-            f"the Redis Cluster at {describe(client)} is failing over or moving a slot ({exc}); "
-            "the call did not run: try again in a moment"
+            f"the Redis Cluster at {describe(client)} refused the call ({exc}); a failover or "
+            "a slot move in progress is the usual cause, and the call did not take effect: "
+            "try again in a moment (if it persists, check the cluster's state)"
         )
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         fix = tls_fix(exc, client) or (

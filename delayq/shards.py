@@ -58,9 +58,9 @@ class Shards:
             name = self.home.name
             raise ConfigurationError(
                 f"queue {name!r} is split into {stored} shard(s), but was opened with "
-                f"shards={self.n}: open it with shards={stored}. A queue with waiting or "
-                "running tasks cannot be re-split (they would be stranded); to change it, "
-                f"drain the queue and delete the key {self.root.keys.shards}"
+                f"shards={self.n}: open it with shards={stored}. Every process must use the "
+                "same number; to change it, stop them all, drain the queue (nothing waiting, "
+                f"running or dead) and delete the key {self.root.keys.shards}"
             )
         self.checked = True
 

@@ -202,3 +202,18 @@ def test_durable_schedule_needs_waitaof(make_server: Any) -> None:
     with pytest.raises(DurabilityError, match="WAITAOF"):
         queue.schedule("k", 1, durable=True)
     queue.close()
+
+
+def test_a_resent_durable_schedule_still_waits_for_a_write(make_server: Any) -> None:
+    """A durable call sent again after a dropped connection finds its tasks already written
+    and changes nothing; it must still write, or the WAITAOF after it would confirm at once,
+    on a connection that wrote nothing, a write whose fsync nobody saw."""
+    srv: EmbeddedServer = make_server()  # AOF on
+    queue = Queue("resend", url=srv.url)
+    queue.schedule("k", 1, delay=60, task_id="t")  # the first send, its reply lost
+    before = int(queue.client.info("persistence")["aof_current_size"])
+    assert queue.schedule("k", 1, delay=60, task_id="t", durable=True) == "t"
+    after = int(queue.client.info("persistence")["aof_current_size"])
+    assert after > before  # the resend wrote (a no-op increment), so WAITAOF covered it
+    assert queue.stats().counters["scheduled"] == 1  # and nothing was scheduled twice
+    queue.close()

@@ -138,3 +138,110 @@ def test_stats_and_next_due_across_shards(server: EmbeddedServer, qname: str) ->
     assert stats.next_due_at is not None
     assert 25 < stats.next_due_at.timestamp() - time.time() < 32
     queue.close()
+
+
+def test_the_first_process_fixes_the_shard_count_even_when_it_is_one(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """An unsplit producer that has nothing waiting right now still holds the queue: a
+    process opening it split is refused, instead of both writing where the other does not
+    look."""
+    plain = Queue(qname, url=server.url)
+    plain.cancel(plain.schedule("k", 1, delay=60))
+    split = Queue(qname, url=server.url, shards=4)
+    with pytest.raises(ConfigurationError, match="split into 1 shard"):
+        split.schedule("k", 2, delay=60)
+    plain.schedule("k", 3, delay=60, task_id="c")
+    assert plain.get("c") is not None
+    plain.close()
+    split.close()
+
+
+def test_a_busy_worker_keeps_beating_on_the_home_shard(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    """Full, it claims nothing, and its one lease is on another shard: its heartbeat still
+    carries its registration to shard 0, so it does not read as dead."""
+    queue = Queue(qname, url=server.url, shards=2)
+    worker = Worker(queue, concurrency=1, lease=1.5)
+    release = threading.Event()
+    worker.handler("k")(lambda task: release.wait(20))
+    tid = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", 2) == 1)
+    with run_worker(worker):
+        queue.schedule("k", None, task_id=tid)
+        wait_for(lambda: queue.stats().active == 1)
+        time.sleep(6)  # longer than the registration period (5 s) that claims would carry
+        seen = queue.workers()[0]
+        age = (queue.stats().now - seen.last_seen).total_seconds()
+        release.set()
+    assert age < 2, age
+    assert seen.in_flight == 1
+    queue.close()
+
+
+def test_a_shard_that_fails_does_not_hold_up_the_others(make_server: Any, run_worker: Any) -> None:
+    """Claims on one shard are refused (here by an ACL that leaves its keys out, as an
+    unreachable primary would fail them): the other shards' tasks still start on time."""
+    srv = make_server(appendonly=False)
+    admin = Queue("split", url=srv.url, shards=3)
+    admin.schedule("k", None, delay=60, task_id="warm")  # stores the shard count
+    allowed = " ".join(f"~dq:{{{t}}}:*" for t in ("split", "split#0", "split#1"))
+    admin.client.execute_command(*f"ACL SETUSER part on >pw {allowed} &* +@all".split())
+    part = Queue("split", url=f"redis://part:pw@127.0.0.1:{srv.port}/0", shards=3)
+    worker = Worker(part, concurrency=4)
+    started: dict[str, float] = {}
+    worker.handler("k")(lambda task: started.setdefault(task.id, time.time()))
+    ids = [f"t{i}" for i in range(60) if shard_of(f"t{i}", 3) != 2][:12]
+    with run_worker(worker):
+        time.sleep(1.5)  # the worker has met the refusals and backs off on shard 2
+        due = time.time() + 0.5
+        admin.schedule_many([{"kind": "k", "task_id": i, "delay": 0.5} for i in ids])
+        wait_for(lambda: set(ids) <= set(started), timeout=10)
+    late = max(started[i] - due for i in ids)
+    assert late < 1.0, late  # not held back by shard 2's growing backoff (up to 5 s)
+    admin.close()
+    part.close()
+
+
+def test_the_admin_side_finds_every_shard(server: EmbeddedServer, qname: str) -> None:
+    """The CLI and dashboard open queues by name: they read the stored shard count."""
+    from click.testing import CliRunner
+
+    from delayq.admin import Admin
+    from delayq.cli import main
+
+    queue = Queue(qname, url=server.url, shards=3)
+    ids = queue.schedule_many([{"kind": "k", "delay": 60} for _ in range(30)])
+    admin = Admin(server.url)
+    assert admin.queue(qname).stats().scheduled == 30
+    assert qname in admin.discover()
+    shown = CliRunner().invoke(main, ["task", "show", ids[7], "-q", qname, "--url", server.url])
+    assert shown.exit_code == 0 and ids[7] in shown.output, shown.output
+    admin.close()
+    queue.close()
+
+
+def test_dashboard_views_and_cli_actions_cover_every_shard(
+    server: EmbeddedServer, qname: str
+) -> None:
+    from delayq import operate
+    from delayq.admin import Admin
+
+    queue = Queue(qname, url=server.url, shards=3)
+    queue.schedule_many([{"kind": "k", "delay": 30 + i} for i in range(12)])
+    admin = Admin(server.url, queues=[qname])
+    assert admin.overview(qname).stats.scheduled == 12
+    waiting = admin.tasks(qname, "scheduled", 0, 5)
+    assert len(waiting) == 5
+    assert [t.due_at for t in waiting] == sorted(t.due_at for t in waiting)  # type: ignore[type-var]
+    assert sum(admin.timeline(qname, 60, 5).counts) + admin.timeline(qname, 60, 5).later == 12
+    # Dead tasks on several shards: replayed and purged by the CLI's operations.
+    keys = [c.keys for c in queue.shards.cores]
+    for i, k in enumerate(keys):
+        queue.client.hset(k.tasks, f"d{i}", b'{"k":"k"}\n{}')
+        queue.client.zadd(k.dead, {f"d{i}": 1})
+    assert queue.stats().dead == 3
+    assert operate.replay_dead(admin.queue(qname)) == 3
+    assert queue.stats().dead == 0
+    admin.close()
+    queue.close()

@@ -10,7 +10,9 @@
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
 -- ARGV[3] replace    "1": move a waiting task, re-create a done or dead one
 -- ARGV[4] channel    wake-up channel
--- ARGV[5...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
+-- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
+--                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
+-- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
 --          done within the dedupe window, or dead).
 --@include common
@@ -63,6 +65,6 @@ for i = REST, #ARGV, 3 do
   if status > 0 then created = created + 1 end
   out[#out + 1] = status
 end
-if created > 0 then redis.call('HINCRBY', K.stats, 'scheduled', created) end
+if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)
 return out

@@ -40,23 +40,34 @@ class Heartbeat:
         held = list(self.leases.items())
         sent = dict(held)
         lost: list[tuple[str, int]] = []
-        for core, leases in self.shards.group(held, lambda lease: lease[0]):
-            home = core is self.shards.home  # the registration rides on the home shard
-            for i in range(0, len(leases), 1000):
-                op = leasing.extend(
-                    core,
-                    leases[i : i + 1000],
-                    lease_ms=self.lease_ms,
-                    worker=self.worker_id if home else "",
-                    worker_info=self.registration() if home else "",
-                )
-                reply: list[str] = await self.runner.run(op)
-                lost.extend((tid, sent[tid]) for tid in reply)
+        groups = self.shards.group(held, lambda lease: lease[0])
+        if self.shards.n > 1 and all(core is not self.shards.home for core, _ in groups):
+            # The registration rides on the home shard: beat there even with no lease there,
+            # or a busy worker would read as dead.
+            groups.insert(0, (self.shards.home, []))
+        failed: DelayqError | None = None
+        for core, leases in groups:
+            home = core is self.shards.home
+            try:
+                for i in range(0, max(len(leases), 1), 1000):
+                    op = leasing.extend(
+                        core,
+                        leases[i : i + 1000],
+                        lease_ms=self.lease_ms,
+                        worker=self.worker_id if home else "",
+                        worker_info=self.registration() if home else "",
+                    )
+                    reply: list[str] = await self.runner.run(op)
+                    lost.extend((tid, sent[tid]) for tid in reply)
+            except DelayqError as e:
+                failed = e  # one shard unreachable: the others' leases are still extended
         # A lease written off meanwhile (its result just acked) is not lost, just gone; one
         # re-claimed meanwhile has a new token and is not this one.
         lost = [(tid, token) for tid, token in lost if self.leases.get(tid) == token]
         if lost:
             self.on_lost(lost)
+        if failed is not None:
+            raise failed  # logged by run(); what the other shards answered is acted on
         return lost
 
     async def run(self) -> None:

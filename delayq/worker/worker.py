@@ -337,8 +337,11 @@ class Worker:
         # nothing known), and when it was last looked at. One shard: looked at every time.
         next_at = [0.0] * len(cores)
         seen_at = [0.0] * len(cores)
+        # A shard whose claim failed is left alone until its backoff has passed, so one
+        # unreachable shard (a failing-over primary) does not hold up the others.
+        backoff = [0.1] * len(cores)
+        resting_until = [0.0] * len(cores)
         turn = 0  # which shard goes first: rotates, so no shard's backlog starves another
-        error_delay = 0.1
         while not self._stopping.is_set():
             free = self.concurrency - self.runs.busy
             if free <= 0:
@@ -348,6 +351,8 @@ class Worker:
                 await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
             poked, woken = self.waker.reset()
+            if poked and len(cores) == 1:
+                resting_until[0] = 0.0  # e.g. the wake-up link is back: so may the server be
             now = loop.time()
             soon = now + self.lookahead_s
             order = [(turn + k) % len(cores) for k in range(len(cores))]
@@ -355,27 +360,32 @@ class Worker:
             visit = [
                 i
                 for i in order
-                if len(cores) == 1
-                or poked
-                or i in woken
-                or next_at[i] <= soon
-                or now - seen_at[i] >= self.max_wait_s
+                if resting_until[i] <= now
+                and (
+                    len(cores) == 1
+                    or poked
+                    or i in woken
+                    or next_at[i] <= soon
+                    or now - seen_at[i] >= self.max_wait_s
+                )
             ]
             full = False
-            try:
-                for i in visit:
-                    seen_at[i] = loop.time()
+            for i in visit:
+                seen_at[i] = loop.time()
+                try:
                     next_at[i], got = await self._claim_from(i, free, lease_ms)
-                    free -= got
-                    if free <= 0:
-                        full = True
-                        break
-            except DelayqError as e:
-                log.warning("claim failed (%s); retrying in %.1f s", e, error_delay)
-                await self.waker.sleep_until(loop.time() + error_delay)
-                error_delay = min(error_delay * 2, 5.0)
-                continue
-            error_delay = 0.1
+                except DelayqError as e:
+                    where = f" on shard {i}" if len(cores) > 1 else ""
+                    log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
+                    resting_until[i] = loop.time() + backoff[i]
+                    next_at[i] = resting_until[i] + self.lookahead_s
+                    backoff[i] = min(backoff[i] * 2, 5.0)
+                    continue
+                backoff[i] = 0.1
+                free -= got
+                if free <= 0:
+                    full = True
+                    break
             if full:
                 continue  # a full batch: more may be due right now
             deadline = min(
