@@ -77,7 +77,11 @@ def new_task_ids(n: int) -> list[str]:
     """Ids of 96 random bits in 16 URL-safe characters: short, since every byte is kept per
     task. One read of the random source for the whole batch."""
     raw = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
-    return [raw[i : i + 16] for i in range(0, 16 * n, 16)]
+    # Never a leading "-": a command line (delayq task show ID) would read it as an option.
+    return [
+        ("_" + raw[i + 1 : i + 16]) if raw[i] == "-" else raw[i : i + 16]
+        for i in range(0, 16 * n, 16)
+    ]
 
 
 def new_task_id() -> str:

@@ -142,3 +142,13 @@ def test_nothing_read_from_redis_is_executed() -> None:
                 if name in banned_calls and not own:
                     found.append(f"{path.name}:{node.lineno} calls {name}")
     assert not found, found
+
+
+def test_generated_ids_never_start_with_a_dash() -> None:
+    """``delayq task show ID`` must not read a generated id as an option (one in 64 would)."""
+    from delayq.core import new_task_ids
+
+    ids = new_task_ids(20_000)
+    assert not [i for i in ids if i.startswith("-")]
+    assert len(set(ids)) == 20_000 and {len(i) for i in ids} == {16}
+    assert sum(i.startswith("_") for i in ids) > 100  # the dash became an underscore
