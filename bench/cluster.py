@@ -53,7 +53,6 @@ import os
 import secrets
 import select
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -207,7 +206,7 @@ def producer_main(args: argparse.Namespace) -> None:
 def worker_main(args: argparse.Namespace) -> None:
     import asyncio
 
-    from lifeline import stop_when_orphaned
+    from lifeline import stop_worker_when_orphaned
     from worker_proc import serve
 
     queue = Queue(args.queue, url=args.url, shards=args.shards)
@@ -222,16 +221,7 @@ def worker_main(args: argparse.Namespace) -> None:
             first.append(now())
         runs[task.id] += 1
 
-    def hard_exit() -> None:
-        os._exit(3)  # stop did not finish in time: never linger
-
-    def request_stop() -> None:
-        worker.stop()
-        t = threading.Timer(60, hard_exit)
-        t.daemon = True
-        t.start()
-
-    stop_when_orphaned(request_stop, args.max_seconds)
+    stop_worker_when_orphaned(worker, args.max_seconds)
     asyncio.run(serve(worker))
     queue.close()
     with open(args.out, "w") as f:

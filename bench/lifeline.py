@@ -7,6 +7,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 
 def stop_when_orphaned(request_stop: Callable[[], None], max_seconds: float) -> None:
@@ -22,3 +23,19 @@ def stop_when_orphaned(request_stop: Callable[[], None], max_seconds: float) -> 
     limit = threading.Timer(max_seconds, request_stop)
     limit.daemon = True
     limit.start()
+
+
+def stop_worker_when_orphaned(worker: Any, max_seconds: float, grace: float = 60) -> None:
+    """For a child serving a delayq Worker: stop it gracefully when orphaned (or out of
+    time), and exit hard if stopping takes longer than ``grace`` seconds."""
+
+    def hard_exit() -> None:
+        os._exit(3)  # stop did not finish in time: never linger
+
+    def request_stop() -> None:
+        worker.stop()
+        t = threading.Timer(grace, hard_exit)
+        t.daemon = True
+        t.start()
+
+    stop_when_orphaned(request_stop, max_seconds)

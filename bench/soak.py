@@ -153,7 +153,7 @@ def child_main(argv: list[str]) -> None:
 def worker_main(args: argparse.Namespace) -> None:
     import asyncio
 
-    from lifeline import stop_when_orphaned
+    from lifeline import stop_worker_when_orphaned
     from worker_proc import serve
 
     queue = Queue(args.queue, url=args.url)
@@ -167,16 +167,7 @@ def worker_main(args: argparse.Namespace) -> None:
         lateness.append(now() - task.due_at.timestamp())
         seqs.append(task.payload)
 
-    def hard_exit() -> None:
-        os._exit(3)  # stop did not finish in time: never linger
-
-    def request_stop() -> None:
-        worker.stop()
-        t = threading.Timer(60, hard_exit)
-        t.daemon = True
-        t.start()
-
-    stop_when_orphaned(request_stop, args.max_seconds)
+    stop_worker_when_orphaned(worker, args.max_seconds)
     asyncio.run(serve(worker))
     queue.close()
     with open(args.out + ".lat", "wb") as f:

@@ -18,12 +18,11 @@ import asyncio
 import json
 import logging
 import os
-import threading
 import time
 from collections import Counter
 from typing import Any
 
-from lifeline import stop_when_orphaned
+from lifeline import stop_worker_when_orphaned
 
 from delayq import Queue, Task, Worker
 from delayq.worker.expiry import Expired
@@ -155,16 +154,7 @@ def main() -> None:
 
     register(worker, args, rec)
 
-    def hard_exit() -> None:
-        os._exit(3)  # stop did not finish in time: never linger
-
-    def request_stop() -> None:
-        worker.stop()
-        t = threading.Timer(60, hard_exit)
-        t.daemon = True
-        t.start()
-
-    stop_when_orphaned(request_stop, args.max_seconds)
+    stop_worker_when_orphaned(worker, args.max_seconds)
 
     if args.profile:
         import cProfile
