@@ -3,15 +3,11 @@ tasks in bounded batches with progress. Each batch is one script call of the que
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .core import REPLY_BATCH, validate_task_id
-from .queue import Queue
-from .runner import SyncRunner
-from .timing import Duration, seconds
-
-Progress = Callable[[int], None]  # called with how many tasks the last batch handled
+from .queue import Progress, Queue
+from .timing import Duration
 
 
 @dataclass(frozen=True)
@@ -44,29 +40,11 @@ def cancel(queue: Queue, task_id: str) -> ActionResult:
     )
 
 
-def _batches(ids: Sequence[str]) -> list[list[str]]:
-    return [list(ids[i : i + REPLY_BATCH]) for i in range(0, len(ids), REPLY_BATCH)]
-
-
 def replay_dead(
     queue: Queue, ids: Sequence[str] | None = None, progress: Progress | None = None
 ) -> int:
     """Replay these dead tasks, or all of them (oldest first); returns how many."""
-    runner = SyncRunner(queue.client)
-    total = 0
-    if ids is not None:
-        for core, in_shard in queue.shards.group(ids, validate_task_id):
-            for batch in _batches(in_shard):
-                total += runner.run(core.replay(batch))
-                if progress:
-                    progress(len(batch))
-        return total
-    for core in queue.shards.cores:
-        while n := runner.run(core.replay(None)):
-            total += n
-            if progress:
-                progress(n)
-    return total
+    return queue._runner.drive(queue._replay_plan(ids, progress))
 
 
 def purge_dead(
@@ -77,22 +55,4 @@ def purge_dead(
     progress: Progress | None = None,
 ) -> int:
     """Delete these dead tasks, or all (that died ``older_than`` ago); returns how many."""
-    runner = SyncRunner(queue.client)
-    total = 0
-    if ids is not None:
-        for core, in_shard in queue.shards.group(ids, validate_task_id):
-            for batch in _batches(in_shard):
-                total += runner.run(core.purge_dead(batch))
-                if progress:
-                    progress(len(batch))
-        return total
-    before = None
-    if older_than is not None:
-        now_ms = queue.stats().now.timestamp() * 1000
-        before = int(now_ms - seconds(older_than, "older_than") * 1000)
-    for core in queue.shards.cores:
-        while n := runner.run(core.purge_dead(None, before_ms=before)):
-            total += n
-            if progress:
-                progress(n)
-    return total
+    return queue._runner.drive(queue._purge_plan(ids, older_than, progress))

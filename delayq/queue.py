@@ -6,7 +6,8 @@ and runs it, so the two differ only in how they wait.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
 from typing import Any, Generic, TypeVar, Unpack
@@ -68,6 +69,30 @@ def _as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
 
 def _with_id(spec: TaskSpec, task_id: str) -> TaskSpec:
     return TaskSpec(spec.kind, spec.payload, spec.delay, spec.at, task_id, spec.max_attempts)
+
+
+Progress = Callable[[int], None]  # hears how many tasks each batch handled
+
+
+def _each(ops: list[Op[int]], progress: Progress | None) -> Plan[int]:
+    total = 0
+    for op in ops:
+        n: int = yield ("run", op)
+        total += n
+        if progress:
+            progress(n)
+    return total
+
+
+def _until_none(batches: Sequence[Callable[[], Op[int]]], progress: Progress | None) -> Plan[int]:
+    """Run each shard's next batch until it handles nothing more."""
+    total = 0
+    for make in batches:
+        while n := (yield ("run", make())):
+            total += n
+            if progress:
+                progress(n)
+    return total
 
 
 def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -218,33 +243,41 @@ class _Base(Generic[C]):
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
 
-    def _replay_plan(self, ids: Iterable[str] | None) -> Plan[int]:
-        total = 0
+    def _replay_plan(
+        self, ids: Iterable[str] | None, progress: Progress | None = None
+    ) -> Plan[int]:
+        """Replay in bounded batches, one script call each (``progress`` hears each count)."""
         if ids is not None:
-            for core, group in self.shards.group(ids, validate_task_id):
-                for chunk in _chunks(group, REPLY_BATCH):
-                    total += yield ("run", core.replay(chunk))
-            return total
-        for core in self.shards.cores:
-            while n := (yield ("run", core.replay(None))):
-                total += n
-        return total
+            ops = [
+                core.replay(chunk)
+                for core, group in self.shards.group(ids, validate_task_id)
+                for chunk in _chunks(group, REPLY_BATCH)
+            ]
+            return (yield from _each(ops, progress))
+        batches = [functools.partial(c.replay, None) for c in self.shards.cores]
+        return (yield from _until_none(batches, progress))
 
-    def _purge_plan(self, ids: Iterable[str] | None, older_than: Duration | None) -> Plan[int]:
-        total = 0
+    def _purge_plan(
+        self,
+        ids: Iterable[str] | None,
+        older_than: Duration | None,
+        progress: Progress | None = None,
+    ) -> Plan[int]:
         if ids is not None:
-            for core, group in self.shards.group(ids, validate_task_id):
-                for chunk in _chunks(group, REPLY_BATCH):
-                    total += yield ("run", core.purge_dead(chunk))
-            return total
+            ops = [
+                core.purge_dead(chunk)
+                for core, group in self.shards.group(ids, validate_task_id)
+                for chunk in _chunks(group, REPLY_BATCH)
+            ]
+            return (yield from _each(ops, progress))
         before = None
         if older_than is not None:
             stats: QueueStats = yield ("run", self.core.stats())
             before = int(stats.now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000)
-        for core in self.shards.cores:
-            while n := (yield ("run", core.purge_dead(None, before_ms=before))):
-                total += n
-        return total
+        purges = [
+            functools.partial(c.purge_dead, None, before_ms=before) for c in self.shards.cores
+        ]
+        return (yield from _until_none(purges, progress))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
