@@ -15,9 +15,11 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import redis.asyncio.cluster as acluster
+import redis.asyncio.retry as aretry
 import redis.asyncio.sentinel as asentinel
 import redis.cluster as cluster
 import redis.sentinel as sentinel
+from redis.backoff import NoBackoff
 
 from .errors import ConfigurationError
 
@@ -138,6 +140,11 @@ def async_client(t: Topology, defaults: dict[str, Any], **overrides: Any) -> Any
     kw = {**_common(t, defaults), **overrides}
     if t.kind == "cluster":
         nodes = [acluster.ClusterNode(h, p) for h, p in t.nodes]
+        # Without a retry policy of our own (a worker's client), no call is resent by the
+        # cluster client: a claim that ran but timed out would lease tasks to nobody. The
+        # worker's loops retry themselves, and the client refreshes its slot map after an
+        # error on the next call.
+        kw.setdefault("retry", aretry.Retry(NoBackoff(), 0))
         return acluster.RedisCluster(startup_nodes=nodes, **kw)
     sentinels = asentinel.Sentinel(  # type: ignore[no-untyped-call]
         t.nodes, sentinel_kwargs=_sentinel_kwargs(t, defaults)
