@@ -215,11 +215,15 @@ def _by_primary(client: Any, ops: Sequence[Op[Any]], todo: list[int]) -> dict[An
     return by
 
 
-def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
+def _cluster_trip(
+    client: Any, ops: Sequence[Op[Any]], durable: Durable | None
+) -> Generator[tuple[Any, ...], Any, list[Any]]:
     """A round trip on a Redis Cluster (whose pipelines refuse EVALSHA): each primary gets
     its calls, and WAITAOF when durable, on one connection of its own — WAITAOF counts the
     writes of its own connection. Calls a node did not run (moved, failing over) are sent
-    again once the slot map is fresh."""
+    again once the slot map is fresh. Written once, as a plan of two steps each runner
+    drives: ("refresh", pause) and ("nodes", [(node, commands)]) -> each node's replies, or
+    the connection error it met."""
     replies: list[Any] = [_UNSENT] * len(ops)
     waits: list[Any] = []
     for attempt in range(CLUSTER_TRIP_ATTEMPTS):
@@ -227,38 +231,9 @@ def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -
         if not todo:
             break
         if attempt:
-            time.sleep(min(0.05 * 2**attempt, 1.0))
-            client.nodes_manager.initialize()
-        for node, idx in _by_primary(client, ops, todo).items():
-            try:
-                pipe = _pipeline(node.redis_connection, [ops[i] for i in idx], durable)
-                got = list(pipe.execute(False))
-            except (RedisConnectionError, RedisTimeoutError):
-                continue  # left unsent: retried against the new map
-            for j, i in enumerate(idx):
-                replies[i] = got[j]
-            waits.append(got[len(idx) :])
-    done = [_unsent_error(r) for r in replies]
-    return done if durable is None else [*done, waits]
-
-
-async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
-    """:func:`cluster_trip` for the asyncio cluster client."""
-    replies: list[Any] = [_UNSENT] * len(ops)
-    waits: list[Any] = []
-    for attempt in range(CLUSTER_TRIP_ATTEMPTS):
-        todo = [i for i, r in enumerate(replies) if _resend(r)]
-        if not todo:
-            break
-        if attempt:
-            await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
-            await client.nodes_manager.initialize()
+            yield ("refresh", min(0.05 * 2**attempt, 1.0))
         groups = list(_by_primary(client, ops, todo).items())
-        # The primaries are independent: one round trip to all of them at once.
-        results = await asyncio.gather(
-            *(_one_connection(node, _commands(ops, idx, durable)) for node, idx in groups),
-            return_exceptions=True,
-        )
+        results = yield ("nodes", [(node, _commands(ops, idx, durable)) for node, idx in groups])
         for (_node, idx), got in zip(groups, results, strict=True):
             if isinstance(got, RedisConnectionError | RedisTimeoutError | OSError):
                 continue  # left unsent: retried against the new map
@@ -269,6 +244,53 @@ async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | 
             waits.append(got[len(idx) :])
     done = [_unsent_error(r) for r in replies]
     return done if durable is None else [*done, waits]
+
+
+def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
+    trip = _cluster_trip(client, ops, durable)
+    try:
+        step = next(trip)
+        while True:
+            if step[0] == "refresh":
+                time.sleep(step[1])
+                client.nodes_manager.initialize()
+                step = trip.send(None)
+            else:  # the primaries one after another
+                step = trip.send([_on_node(node, commands) for node, commands in step[1]])
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
+    trip = _cluster_trip(client, ops, durable)
+    try:
+        step = next(trip)
+        while True:
+            if step[0] == "refresh":
+                await asyncio.sleep(step[1])
+                await client.nodes_manager.initialize()
+                step = trip.send(None)
+            else:  # the primaries are independent: all of them at once
+                step = trip.send(
+                    await asyncio.gather(
+                        *(_one_connection(node, commands) for node, commands in step[1]),
+                        return_exceptions=True,
+                    )
+                )
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _on_node(node: Any, commands: list[tuple[Any, ...]]) -> Any:
+    """Commands in one pipeline on the node's own client: replies (errors in place), or the
+    connection error met."""
+    pipe = node.redis_connection.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    try:
+        return list(pipe.execute(False))
+    except (RedisConnectionError, RedisTimeoutError) as e:
+        return e
 
 
 def _commands(
