@@ -38,6 +38,7 @@ class Codec(Protocol):
 # One encoder for every call: json.dumps with options builds a new JSONEncoder each time,
 # which was a fifth of the cost of encoding a small task.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_DECODER = json.JSONDecoder()
 
 
 class JsonCodec:
@@ -54,7 +55,12 @@ class JsonCodec:
         return text.encode("utf-8")
 
     def decode(self, data: bytes) -> Any:
-        return json.loads(data)
+        try:
+            # What we write is UTF-8: skip json.loads's guessing of the encoding, a fifth
+            # of the cost of decoding a small payload.
+            return _DECODER.decode(data.decode("utf-8"))
+        except ValueError:  # not UTF-8 JSON (UnicodeDecodeError is one): as json.loads reads it
+            return json.loads(data)
 
 
 class MsgpackCodec:
@@ -97,9 +103,10 @@ def encode_payload(codec: Codec, payload: Any, max_payload: int) -> bytes:
     return data
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Header:
-    """The decoded JSON header of a record."""
+    """The decoded JSON header of a record. (Not frozen: a worker makes one per task it
+    claims, and a frozen dataclass pays a setattr call per field.)"""
 
     kind: str
     attempts: int

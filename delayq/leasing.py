@@ -10,16 +10,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import Header, split_record
+from .codec import Header
 from .core import Op, QueueCore, _now_arg
 from .scripts import Arg
 
 Lease = tuple[str, int]
 
 MAX_CLAIM = 1000  # tasks per claim call: bounds the script's run time and its reply
+CLAIM_STRIDE = 9  # reply entries per claimed task (claim.lua's header)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Claimed:
     """A task this worker now holds a lease on, payload still encoded."""
 
@@ -61,13 +62,24 @@ def claim(
     now_ms: int | None = None,
 ) -> Op[ClaimResult]:
     def parse(r: Any) -> ClaimResult:
-        # claim.lua buried records it could not read and rewrote the rest's header itself,
-        # so every header here parses.
-        tasks = []
-        for i in range(3, len(r), 2):
-            tid = r[i].decode() if isinstance(r[i], bytes) else str(r[i])
-            header, payload = split_record(r[i + 1])
-            tasks.append(Claimed(tid, header, payload))
+        # claim.lua buried the records it could not read and sends the rest's header fields
+        # decoded (see its header): nothing to validate here, and no JSON to parse.
+        tasks = [
+            Claimed(
+                r[i].decode(),
+                Header(
+                    r[i + 1].decode(),
+                    r[i + 2],
+                    r[i + 3],
+                    r[i + 4],
+                    r[i + 6],
+                    r[i + 5],
+                    r[i + 7].decode() or "json",
+                ),
+                r[i + 8],
+            )
+            for i in range(3, len(r), CLAIM_STRIDE)
+        ]
         return ClaimResult(int(r[0]), _opt(r[1]), _opt(r[2]), tasks)
 
     return core.op(
@@ -80,6 +92,7 @@ def claim(
             "reap_limit": reap_limit,
             "worker": worker,
             "worker_info": worker_info,
+            "channel": core.keys.wake_channel,
         },
         [],
         parse,

@@ -44,6 +44,9 @@ class Shards:
         self, items: Iterable[T], task_id: Callable[[T], str]
     ) -> list[tuple[QueueCore, list[T]]]:
         """Items by shard, in shard order; shards with no items left out."""
+        if self.n == 1:  # the common case, on the worker's per-task path
+            items = list(items)
+            return [(self.home, items)] if items else []
         by: dict[int, list[T]] = {}
         for item in items:
             by.setdefault(shard_of(task_id(item), self.n), []).append(item)

@@ -1275,3 +1275,51 @@ def test_acks_forget_expired_records_faster_than_they_add_new_ones(queue: Queue)
     # 100 added, 200 expired ones forgotten (twice the batch), records with them.
     assert queue.client.zcard(keys.done) == 300 - 200 + 100
     assert queue.client.hlen(keys.tasks) == 300 - 200 + 100
+
+
+def _published(queue: Queue, build: Build) -> list[bytes]:
+    """Run one operation and return what it published on the queue's wake channel."""
+    sub = queue.client.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(queue.core.keys.wake_channel)
+    assert sub.get_message(timeout=1) is None  # the subscribe confirmation, skipped
+    try:
+        SyncRunner(queue.client).run(build(queue.core))
+        got = []
+        while (msg := sub.get_message(timeout=0.2)) is not None:
+            got.append(msg["data"])
+        return got
+    finally:
+        sub.close()
+
+
+@pytest.mark.parametrize(
+    ("held", "wanted"),
+    [
+        pytest.param({}, [str(NOW + LEASE).encode()], id="first-lease"),
+        pytest.param({"x": NOW + LEASE + 5_000}, [str(NOW + LEASE).encode()], id="shorter-lease"),
+        pytest.param({"x": NOW + 10_000}, [], id="a-lease-ends-sooner-already"),
+    ],
+)
+def test_claim_announces_a_lease_that_ends_before_every_held_one(
+    queue: Queue, held: dict[str, int], wanted: list[bytes]
+) -> None:
+    """Idle workers sleep until the earliest lease they know of; a claim whose lease ends
+    sooner tells them, or a crashed worker's task would wait for their periodic look."""
+    tasks: dict[str, T | bytes] = {"a": T()} | {i: LEASED for i in held}
+    seed(queue.client, queue.core.keys, S(scheduled={"a": NOW}, active=held, tasks=tasks))
+    assert _published(queue, claim_op()) == wanted
+
+
+def test_an_unchanged_registration_is_one_write(queue: Queue) -> None:
+    """An idle worker registers every few seconds: with nothing new to say, only the time it
+    was seen is written; the registration itself stays as last sent."""
+    r, k, run = queue.client, queue.core.keys, SyncRunner(queue.client).run
+    run(claim(queue.core, limit=1, lease_ms=LEASE, worker="w1", worker_info='{"v":1}', now_ms=NOW))
+    assert r.hgetall(k.workers) == {b"w1": b'{"v":1}'}
+    r.config_resetstat()
+    later = NOW + 5_000
+    run(claim(queue.core, limit=1, lease_ms=LEASE, worker="w1", worker_info="", now_ms=later))
+    writes = {c for c in r.info("commandstats") if c in ("cmdstat_hset", "cmdstat_zadd")}
+    assert writes == {"cmdstat_zadd"}
+    assert r.hgetall(k.workers) == {b"w1": b'{"v":1}'}
+    assert r.zscore(k.workers_seen, "w1") == later

@@ -354,6 +354,33 @@ def test_idle_worker_wakes_for_an_earlier_task_without_polling(
     assert state(queue, "far") == "scheduled"
 
 
+def test_idle_worker_reaps_a_lease_that_ends_before_its_next_look(
+    queue: Queue, run_worker: Any
+) -> None:
+    """With the idle cap at 30 s, only the claim's announcement of its (short) lease can get
+    a crashed worker's task handed back and run again promptly."""
+    worker = Worker(queue, max_wait=30)
+    attempts: list[int] = []
+    ran = threading.Event()
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        attempts.append(task.attempt)
+        ran.set()
+
+    with run_worker(worker):
+        time.sleep(0.3)  # the worker has looked once and now sleeps towards its 30 s look
+        # Placed without a producer's wake-up, then claimed by a worker that dies at once.
+        k_ = queue.core.keys
+        record = encode_record("k", b"null", max_attempts=0, created_ms=1, fmt="json")
+        queue.client.hset(k_.tasks, "lost", record)
+        queue.client.zadd(k_.scheduled, {"lost": 0})
+        crashed = SyncRunner(queue.client).run(leasing.claim(queue.core, limit=1, lease_ms=1000))
+        assert [t.id for t in crashed.tasks] == ["lost"]
+        assert ran.wait(8), "the expired lease waited for the idle worker's periodic look"
+    assert attempts == [2]
+
+
 def test_worker_resubscribes_after_its_connection_is_killed(queue: Queue, run_worker: Any) -> None:
     worker = Worker(queue, max_wait=30)
     ran = threading.Event()

@@ -13,16 +13,18 @@
 -- ARGV[4] lease_ms      lease length, counted from the later of now and the task's due time
 -- ARGV[5] reap_limit    reap at most this many expired leases first
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
--- ARGV[7] worker_info   its registration (JSON)
--- Returns: {now, next_due, next_lease_deadline, id1, record1, id2, record2, ...}; the times are
---          ms (-1 when there is none); each record carries the new attempt and lease token.
---          A record whose header cannot be decoded goes to the dead set instead.
+-- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
+-- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
+-- Returns: {now, next_due, next_lease_deadline, then per task: id, kind, attempt, max_attempts,
+--          token, due, created, format ("" for JSON), payload}; the times are ms (-1 when
+--          there is none). The header's fields come decoded, so the worker parses no JSON
+--          but the payload's. A record whose header cannot be decoded goes to the dead set.
 --@include common
 --@include reap
 local now = dq_now(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 
--- An idle worker runs this every second: look at the two heads first, and run the range
+-- An idle worker runs this every max_wait: look at the two heads first, and run the range
 -- queries only when a lease has expired or a task is due.
 local function first_lease()
   local first = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
@@ -41,12 +43,13 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
   local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now + tonumber(A.lookahead_ms),
     'WITHSCORES', 'LIMIT', 0, limit)
   local ids = {}
-  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+  for i = 1, #due, 2 do ids[(i + 1) / 2] = due[i] end
   if #ids > 0 then
     local recs = redis.call('HMGET', K.tasks, unpack(ids))
     local token = redis.call('HINCRBY', K.stats, 'claim_seq', #ids) - #ids
     local lease = tonumber(A.lease_ms)
-    local records, leases, corrupt = {}, {}, {}
+    -- Tables grow by index counters (n, m, o): "#t + 1" costs a search on every insert.
+    local records, leases, corrupt, n, o = {}, {}, {}, 0, #out
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
       local h, payload, new = nil, nil, nil
@@ -59,21 +62,33 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         new = dq_join(h, payload)
       end
       if new then
-        records[#records + 1] = id
-        records[#records + 1] = new
-        leases[#leases + 1] = math.max(now, at) + lease
-        leases[#leases + 1] = id
-        out[#out + 1] = id
-        out[#out + 1] = new
+        records[n + 1] = id
+        records[n + 2] = new
+        leases[n + 1] = math.max(now, at) + lease
+        leases[n + 2] = id
+        n = n + 2
+        out[o + 1] = id
+        out[o + 2] = h.k
+        out[o + 3] = h.a
+        out[o + 4] = h.m
+        out[o + 5] = token
+        out[o + 6] = at
+        out[o + 7] = tonumber(h.c) or 0
+        out[o + 8] = type(h.f) == 'string' and h.f or ''
+        out[o + 9] = payload
+        o = o + 9
       elseif recs[j] then
         corrupt[#corrupt + 1] = id
       end
     end
     -- Every new record is built before any task leaves the scheduled set.
     redis.call('ZREM', K.scheduled, unpack(ids))
-    if #records > 0 then
+    if n > 0 then
       redis.call('HSET', K.tasks, unpack(records))
       redis.call('ZADD', K.active, unpack(leases))
+      -- Idle workers sleep until the earliest lease they know of; one that ends sooner
+      -- (the first lease, or a shorter one) must reach them for its reaping to be on time.
+      dq_wake(A.channel, lease_head, leases[1])
     end
     for _, id in ipairs(corrupt) do
       dq_bury(K, id, now, 'record cannot be decoded (corrupt or written by another program)')

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .. import leasing
 from ..core import Op, QueueCore
@@ -19,8 +18,9 @@ log = logging.getLogger("delayq.worker")
 Action = Literal["ack", "discard", "retry", "bury", "release"]
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
+    """(A tuple: a worker makes one per attempt, and a tuple is the cheapest record.)"""
+
     action: Action
     id: str
     token: int
@@ -73,8 +73,11 @@ class Finisher:
         ops: list[Op[list[str]]] = []
         for core, in_shard in self.shards.group(batch, lambda o: o.id):
             by: dict[Action, list[Outcome]] = {}
-            for o in in_shard:
-                by.setdefault(o.action, []).append(o)
+            if all(o.action == "ack" for o in in_shard):
+                by["ack"] = in_shard  # the usual batch: every handler returned
+            else:
+                for o in in_shard:
+                    by.setdefault(o.action, []).append(o)
             for action, items in by.items():
                 for i in range(0, len(items), 1000):
                     ops.append(_op(core, action, items[i : i + 1000]))

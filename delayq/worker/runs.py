@@ -1,9 +1,11 @@
 """The tasks this worker holds, from claim to written result.
 
-A :class:`Run` is one claim of one task. It waits on a local timer until its due time,
-runs its handler, and hands the outcome to the Finisher; it is forgotten once that write
-is confirmed, or at once if its lease is lost. Runs are tracked as objects, not by task id
-alone: a worker can re-claim a task whose earlier run here lost its lease (stalled past it),
+A :class:`Run` is one claim of one task. It waits for one of the worker's concurrency
+slots (when it was claimed ahead, see :meth:`Runs.allowance`), then on a local timer until
+its due time, runs its handler, and hands the outcome to the Finisher; it is forgotten once
+that write is confirmed, or at once if its lease is lost. Runs are tracked as objects, not
+by task id alone: a worker can re-claim a task whose earlier run here lost its lease
+(stalled past it),
 and the two runs must not be confused.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 
 from ..leasing import Claimed
@@ -21,14 +25,20 @@ from .outcome import Finisher, Outcome
 log = logging.getLogger("delayq.worker")
 
 INTERNAL_RETRY_MS = 30_000
+# Claimed ahead of a free slot: at most this many runs, and handed back (not run) when one
+# has waited this long for a slot (the handlers turned slow after it was claimed).
+MAX_AHEAD = 1000
+MAX_QUEUED_S = 1.0
+SERVICE_WEIGHT = 0.05  # the mean handler time is a moving average over ~20 runs
 
 
 class Run:
-    __slots__ = ("claimed", "finishing", "handle", "lost", "slot", "task", "timer")
+    __slots__ = ("claimed", "finishing", "handle", "lost", "queued_at", "slot", "task", "timer")
 
     def __init__(self, claimed: Claimed) -> None:
         self.claimed = claimed
         self.slot = True  # holds one of the worker's concurrency slots
+        self.queued_at = 0.0  # loop time it began to wait for a slot
         self.timer: asyncio.TimerHandle | None = None
         self.handle: asyncio.Task[None] | None = None
         self.task: Task | None = None
@@ -43,16 +53,52 @@ class Runs:
         finisher: Finisher,
         to_loop: Callable[[float], float],
         on_slot_free: Callable[[], None],
+        *,
+        concurrency: int | None = None,
+        lookahead: float = 0.0,
     ) -> None:
         self.executor = executor
         self.finisher = finisher
         self.to_loop = to_loop
         self.on_slot_free = on_slot_free
+        self.concurrency = concurrency  # None: a slot for every run
+        self.lookahead = lookahead
         self.by_id: dict[str, Run] = {}  # the current run of each task held
         self.leases: dict[str, int] = {}  # id -> token: what the heartbeat extends
         self.running: set[Run] = set()  # handlers executing, superseded ones included
+        self.queued: deque[Run] = deque()  # claimed ahead, waiting for a slot
         self.busy = 0  # slots taken: claimed and not finished
         self.started = 0
+        self.service_s: float | None = None  # mean time a handler holds its slot
+
+    @property
+    def held(self) -> int:
+        """Runs that hold a slot or wait for one: what counts against :meth:`allowance`."""
+        return self.busy + len(self.queued)
+
+    def allowance(self) -> int:
+        """How many runs the worker may hold: its slots, plus the tasks it expects to start
+        within the lookahead because its handlers finish that fast (none until it has
+        seen some finish). Claiming those ahead turns a drain of short tasks into claims of
+        hundreds, not of a slot count; slow handlers get no tasks held back from other
+        workers."""
+        slots = self.concurrency or 0
+        if not self.service_s or not self.lookahead:
+            return slots
+        ahead = slots * self.lookahead / self.service_s
+        return slots + int(min(ahead, MAX_AHEAD))
+
+    def room(self) -> int:
+        """How many tasks to claim now. Runs claimed ahead are claimed in big batches, the
+        next while about half of the last still waits (so a claim is in flight while
+        handlers run); with only the slots to fill, any free slot is claimed for."""
+        if self.concurrency is None:
+            return 1
+        allowed = self.allowance()
+        free = allowed - self.held
+        if free <= 0 or free < (allowed - self.concurrency) // 2:
+            return 0
+        return free
 
     def start(self, claimed: Claimed) -> None:
         earlier = self.by_id.get(claimed.id)
@@ -66,9 +112,18 @@ class Runs:
         run = Run(claimed)
         self.by_id[claimed.id] = run
         self.leases[claimed.id] = claimed.token
+        if self.concurrency is not None and self.busy >= self.concurrency:
+            run.slot = False
+            run.queued_at = asyncio.get_running_loop().time()
+            self.queued.append(run)
+        else:
+            self._take_slot(run)
+
+    def _take_slot(self, run: Run) -> None:
+        run.slot = True  # (already, unless it waited in the queue)
         self.busy += 1
         loop = asyncio.get_running_loop()
-        due = claimed.header.due_ms
+        due = run.claimed.header.due_ms
         at = self.to_loop(due) if due is not None else loop.time()
         if at - loop.time() > 0.0002:
             run.timer = loop.call_at(at, self._launch, run)
@@ -86,8 +141,12 @@ class Runs:
 
     async def _execute(self, run: Run) -> None:
         claimed = run.claimed
+        t0 = time.perf_counter()
         try:
             outcome = await self.executor.run(claimed, lambda task: self._started(run, task))
+            took = time.perf_counter() - t0
+            mean = self.service_s
+            self.service_s = took if mean is None else mean + (took - mean) * SERVICE_WEIGHT
         except asyncio.CancelledError:
             if not run.lost:
                 # Shutdown after the grace period: hand it back so it runs again promptly.
@@ -113,10 +172,23 @@ class Runs:
             self._free_slot(run)
 
     def _free_slot(self, run: Run) -> None:
-        """Give back the run's concurrency slot, exactly once."""
-        if run.slot:
-            run.slot = False
-            self.busy -= 1
+        """Give back the run's concurrency slot, exactly once: to the next run claimed
+        ahead, or to the claim loop."""
+        if not run.slot:
+            return
+        run.slot = False
+        self.busy -= 1
+        while self.queued:
+            nxt = self.queued.popleft()
+            if nxt.lost:
+                continue
+            if asyncio.get_running_loop().time() - nxt.queued_at > MAX_QUEUED_S:
+                # Claimed ahead for handlers that then slowed down: let another worker run it.
+                self._finish(nxt, Outcome("release", nxt.claimed.id, nxt.claimed.token))
+                continue
+            self._take_slot(nxt)
+            break
+        if self.room() > 0:  # else the claim loop has nothing to do yet: let it sleep
             self.on_slot_free()
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
@@ -165,7 +237,12 @@ class Runs:
     # -- shutdown ---------------------------------------------------------------------------
 
     def release_unstarted(self) -> None:
-        """Hand back tasks claimed ahead of their due time: another worker runs them."""
+        """Hand back tasks claimed ahead of their due time or of a free slot: another worker
+        runs them."""
+        while self.queued:
+            run = self.queued.popleft()
+            if not run.lost:
+                self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
         for run in list(self.by_id.values()):
             if run.timer is not None:
                 run.timer.cancel()

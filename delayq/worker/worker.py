@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ from .. import leasing
 from ..connection import async_client
 from ..errors import ConfigurationError, ConnectionFailed, DelayqError
 from ..expiring import EXPIRE_KIND
+from ..leasing import Claimed
 from ..queue import AsyncQueue, Queue
 from ..runner import AsyncRunner
 from ..task import Task
@@ -48,7 +50,14 @@ log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
 REGISTER_EVERY_S = 5.0
+# An unchanged registration is sent as "" (one ZADD); the whole of it at least this often.
+REREGISTER_EVERY_S = 60.0
 WORKER_SOCKET_TIMEOUT_S = 5.0
+
+
+def interleave(batches: list[list[Claimed]]) -> list[Claimed]:
+    """One from each batch in turn: [a1, b1, a2, b2, a3]."""
+    return [c for row in itertools.zip_longest(*batches) for c in row if c is not None]
 
 
 class Worker:
@@ -62,7 +71,9 @@ class Worker:
         grace: on shutdown, how long running handlers may finish before they are handed back.
         lookahead: claim tasks due this soon and start each on a local timer, so handlers
             start within a millisecond or two of their due time.
-        max_wait: cap on any idle wait, bounding the cost of a wake-up lost on a reconnect.
+        max_wait: cap on any idle wait: how often an idle worker looks at the queue anyway,
+            in case a wake-up was lost without its connection dropping (a dropped one is
+            noticed, and the queue looked at, at once). Each look is a few commands.
     """
 
     def __init__(
@@ -73,7 +84,7 @@ class Worker:
         lease: float | timedelta = 30,
         grace: float | timedelta = 30,
         lookahead: float = 0.02,
-        max_wait: float = 1.0,
+        max_wait: float = 5.0,
         client: Any = None,
         configure_notifications: bool = True,
     ) -> None:
@@ -100,6 +111,8 @@ class Worker:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
         self._registered_at = -REGISTER_EVERY_S
+        self._registered_info = ""  # the last whole registration sent, and when
+        self._registered_full_at = -REREGISTER_EVERY_S
 
     # -- registration ---------------------------------------------------------------------
 
@@ -173,13 +186,18 @@ class Worker:
         return fn
 
     def _registration_due(self) -> tuple[str, str]:
-        """Register with this claim only every REGISTER_EVERY_S: an idle worker then writes
-        to Redis (and its AOF) every few seconds, not on every periodic claim."""
+        """Register with this claim only every REGISTER_EVERY_S, and send the registration
+        itself only when it changed (or once a minute): an idle worker's registration is
+        then one ZADD every few seconds."""
         now = time.monotonic()
         if now - self._registered_at < REGISTER_EVERY_S:
             return "", ""
         self._registered_at = now
-        return self.id, self.registration()
+        info = self.registration()
+        if info == self._registered_info and now - self._registered_full_at < REREGISTER_EVERY_S:
+            return self.id, ""
+        self._registered_info, self._registered_full_at = info, now
+        return self.id, info
 
     def registration(self) -> str:
         """What this worker publishes about itself on every claim and heartbeat."""
@@ -263,7 +281,14 @@ class Worker:
             self._fire_on_dead,
             self.events,
         )
-        self.runs = Runs(self.executor, self.finisher, self._to_loop, self.waker.poke)
+        self.runs = Runs(
+            self.executor,
+            self.finisher,
+            self._to_loop,
+            self.waker.poke,
+            concurrency=self.concurrency,
+            lookahead=self.lookahead_s,
+        )
         lease_ms = round(self.lease_s * 1000)
         self.heartbeat = Heartbeat(
             shards,
@@ -343,7 +368,7 @@ class Worker:
         resting_until = [0.0] * len(cores)
         turn = 0  # which shard goes first: rotates, so no shard's backlog starves another
         while not self._stopping.is_set():
-            free = self.concurrency - self.runs.busy
+            free = self.runs.room()
             if free <= 0:
                 # Full: announcements do not matter until a handler finishes and pokes. Any
                 # poke so far is answered: we looked, and we are full (and not stopping).
@@ -370,10 +395,15 @@ class Worker:
                 )
             ]
             full = False
+            # Each shard visited gets its share, and their tasks start interleaved: a batch
+            # claimed ahead from one shard must not run before every other shard's tasks.
+            share = -(-free // max(len(visit), 1))
+            batches = []
             for i in visit:
                 seen_at[i] = loop.time()
+                limit = min(share, free)
                 try:
-                    next_at[i], got = await self._claim_from(i, free, lease_ms)
+                    next_at[i], got = await self._claim_from(i, limit, lease_ms)
                 except DelayqError as e:
                     where = f" on shard {i}" if len(cores) > 1 else ""
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
@@ -382,43 +412,51 @@ class Worker:
                     backoff[i] = min(backoff[i] * 2, 5.0)
                     continue
                 backoff[i] = 0.1
-                free -= got
+                batches.append(got)
+                free -= len(got)
+                full = full or len(got) >= limit  # a full batch: more may be due right now
                 if free <= 0:
-                    full = True
                     break
+            for claimed in batches[0] if len(batches) == 1 else interleave(batches):
+                self.runs.start(claimed)
             if full:
-                continue  # a full batch: more may be due right now
+                continue
             deadline = min(
                 [loop.time() + self.max_wait_s, *(t - self.lookahead_s for t in next_at)]
             )
             await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
 
-    async def _claim_from(self, shard: int, free: int, lease_ms: int) -> tuple[float, int]:
-        """Claim up to ``free`` tasks from one shard and start them; returns (loop time the
-        shard next needs a look, tasks claimed). Registration rides on the home shard."""
+    async def _claim_from(
+        self, shard: int, free: int, lease_ms: int
+    ) -> tuple[float, list[Claimed]]:
+        """Claim up to ``free`` tasks from one shard; returns (loop time the shard next needs
+        a look, the tasks claimed). Registration rides on the home shard."""
         loop = asyncio.get_running_loop()
         core = self.queue.shards.cores[shard]
         worker, info = self._registration_due() if shard == 0 else ("", "")
         sent = loop.time()
-        result = await self.runner.run(
-            leasing.claim(
-                core,
-                limit=free,
-                lease_ms=lease_ms,
-                lookahead_ms=round(self.lookahead_s * 1000),
-                worker=worker,
-                worker_info=info,
+        try:
+            result = await self.runner.run(
+                leasing.claim(
+                    core,
+                    limit=free,
+                    lease_ms=lease_ms,
+                    lookahead_ms=round(self.lookahead_s * 1000),
+                    worker=worker,
+                    worker_info=info,
+                )
             )
-        )
+        except DelayqError:
+            if info:
+                self._registered_full_at = -REREGISTER_EVERY_S  # not stored: send it again
+            raise
         self.clock.observe(result.now_ms, sent, loop.time())
-        for claimed in result.tasks:
-            self.runs.start(claimed)
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
         if result.next_lease_ms is not None:
             next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
-        return next_at, len(result.tasks)
+        return next_at, result.tasks
 
     async def _check_shards(self) -> None:
         """Serving a queue with the wrong shard count would leave some shards unserved:

@@ -34,3 +34,29 @@ local function dq_columns(first, stride)
   end
   return unpack(cols)
 end
+
+-- The same check for calls that keep the record as it is (ack, extend): only the token is
+-- read from the header, which spares copying the payload and checking the header's other
+-- fields (nothing here writes them back). Returns, per id, whether the lease is held.
+local function dq_holds(k, ids, tokens, now, consumes)
+  local held, seen = {}, {}
+  if #ids == 0 then return held end
+  local deadlines = redis.call('ZMSCORE', k.active, unpack(ids))
+  local recs = redis.call('HMGET', k.tasks, unpack(ids))
+  for j = 1, #ids do
+    local ok, rec = false, recs[j]
+    if deadlines[j] and tonumber(deadlines[j]) >= now and rec then
+      local nl = string.find(rec, '\n', 1, true)
+      if nl then
+        local decoded, h = pcall(cjson.decode, string.sub(rec, 1, nl - 1))
+        ok = decoded and type(h) == 'table' and (tonumber(h.t) or 0) == tonumber(tokens[j])
+      end
+      if ok and consumes then
+        ok = not seen[ids[j]]
+        seen[ids[j]] = true
+      end
+    end
+    held[j] = ok
+  end
+  return held
+end
