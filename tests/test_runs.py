@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from delayq import Queue, Task, Worker
 from delayq.codec import Header
 from delayq.errors import Defer
 from delayq.leasing import Claimed
-from delayq.worker.runs import Run, Runs
+from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, Run, Runs
 
 from .helpers import wait_for
 
@@ -59,3 +60,72 @@ def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any
     assert lowest[0] >= 0
     assert set(runs_seen.values()) == {4}  # three defers and one run each, no extra runs
     assert queue.stats().counters.get("leases_expired", 0) == 0
+
+
+class Written:
+    """A Finisher stand-in that only records the outcomes handed to it."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Any] = []
+
+    def add(self, outcome: Any) -> None:
+        self.outcomes.append(outcome)
+
+
+def test_runs_are_claimed_ahead_only_for_handlers_that_finish_within_the_lookahead() -> None:
+    runs = Runs(None, None, lambda ms: 0.0, lambda: None, concurrency=4, lookahead=0.02)  # type: ignore[arg-type]
+    assert runs.allowance() == 4  # no handler seen yet: the slots only
+    runs.service_s = 0.010  # 4 slots, 10 ms each: 8 more start within 20 ms
+    assert runs.allowance() == 4 + 8
+    runs.service_s = 0.5
+    assert runs.allowance() == 4
+    runs.service_s = 1e-7
+    assert runs.allowance() == 4 + MAX_AHEAD
+
+
+async def test_runs_claimed_ahead_wait_for_a_slot_and_are_handed_back_unrun() -> None:
+    """Claimed ahead, a run waits for a slot; at shutdown, or once it has waited too long
+    for handlers that turned slow, it is handed back (release), never run late or lost."""
+    written = Written()
+    runs = Runs(None, written, lambda ms: 0.0, lambda: None, concurrency=1)  # type: ignore[arg-type]
+    runs._launch = lambda run: None  # type: ignore[method-assign]  # no executor here
+    for i, tid in enumerate("ABC"):
+        runs.start(claimed(tid, i + 1))
+    assert (runs.busy, [r.claimed.id for r in runs.queued]) == (1, ["B", "C"])
+    first = runs.by_id["A"]
+    runs.queued[0].queued_at -= MAX_QUEUED_S + 1  # B waited too long
+    runs._free_slot(first)  # A's handler finished: B is handed back, C takes the slot
+    assert [(o.action, o.id) for o in written.outcomes] == [("release", "B")]
+    assert runs.busy == 1 and not runs.queued and runs.by_id["C"].slot
+    runs.start(claimed("D", 9))
+    runs.release_unstarted()  # shutdown: D never started
+    assert [(o.action, o.id) for o in written.outcomes] == [("release", "B"), ("release", "D")]
+
+
+def test_slow_handlers_get_no_tasks_claimed_ahead_from_other_workers(
+    queue: Queue, run_worker: Any
+) -> None:
+    """Two workers, handlers of 0.2 s: the one that started first and has seen its handlers'
+    time must not hold a backlog that the other could be running."""
+    ran: dict[str, list[str]] = {"a": [], "b": []}
+    lock = threading.Lock()
+
+    def make(name: str) -> Worker:
+        worker = Worker(queue, concurrency=2)
+
+        @worker.handler("k")
+        def k(task: Task) -> None:
+            time.sleep(0.2)
+            with lock:
+                ran[name].append(task.id)
+
+        return worker
+
+    with run_worker(make("a")):
+        queue.schedule_many([{"kind": "k", "task_id": f"w{i}"} for i in range(2)])
+        wait_for(lambda: len(ran["a"]) == 2)  # a has seen how long its handlers take
+        queue.schedule_many([{"kind": "k", "task_id": f"t{i}"} for i in range(12)])
+        time.sleep(0.1)  # a has claimed what it will hold
+        with run_worker(make("b")):
+            wait_for(lambda: len(ran["a"]) + len(ran["b"]) == 14, timeout=20)
+    assert len(ran["b"]) >= 4, ran
