@@ -33,12 +33,23 @@ SERVICE_WEIGHT = 0.05  # the mean handler time is a moving average over ~20 runs
 
 
 class Run:
-    __slots__ = ("claimed", "finishing", "handle", "lost", "queued_at", "slot", "task", "timer")
+    __slots__ = (
+        "claimed",
+        "due_now",
+        "finishing",
+        "handle",
+        "lost",
+        "queued_at",
+        "slot",
+        "task",
+        "timer",
+    )
 
     def __init__(self, claimed: Claimed) -> None:
         self.claimed = claimed
         self.slot = True  # holds one of the worker's concurrency slots
-        self.queued_at = 0.0  # loop time it began to wait for a slot
+        self.queued_at = 0.0  # time.monotonic() when it began to wait for a slot
+        self.due_now = False  # already due when claimed: no timer to work out
         self.timer: asyncio.TimerHandle | None = None
         self.handle: asyncio.Task[None] | None = None
         self.task: Task | None = None
@@ -101,27 +112,39 @@ class Runs:
         return free
 
     def start(self, claimed: Claimed) -> None:
-        earlier = self.by_id.get(claimed.id)
-        if earlier is not None:
-            if earlier.finishing:
-                # Its result (say, a release to a new due time) is written but not yet
-                # confirmed here; the server moved on, and so do we.
-                del self.by_id[claimed.id]
+        self.start_many([claimed])
+
+    def start_many(self, batch: list[Claimed], server_now_ms: int | None = None) -> None:
+        """Take in a claim's tasks: each starts, or waits for a slot. ``server_now_ms`` (the
+        claim's server time) spares working out a timer for tasks already due."""
+        queued_at = time.monotonic()
+        for claimed in batch:
+            earlier = self.by_id.get(claimed.id)
+            if earlier is not None:
+                if earlier.finishing:
+                    # Its result (say, a release to a new due time) is written but not yet
+                    # confirmed here; the server moved on, and so do we.
+                    del self.by_id[claimed.id]
+                else:
+                    self._lose(earlier)  # we re-claimed it: that run's lease is gone
+            run = Run(claimed)
+            due = claimed.header.due_ms
+            run.due_now = due is None or (server_now_ms is not None and due <= server_now_ms)
+            self.by_id[claimed.id] = run
+            self.leases[claimed.id] = claimed.token
+            if self.concurrency is not None and self.busy >= self.concurrency:
+                run.slot = False
+                run.queued_at = queued_at
+                self.queued.append(run)
             else:
-                self._lose(earlier)  # we re-claimed it: that run's lease is gone
-        run = Run(claimed)
-        self.by_id[claimed.id] = run
-        self.leases[claimed.id] = claimed.token
-        if self.concurrency is not None and self.busy >= self.concurrency:
-            run.slot = False
-            run.queued_at = asyncio.get_running_loop().time()
-            self.queued.append(run)
-        else:
-            self._take_slot(run)
+                self._take_slot(run)
 
     def _take_slot(self, run: Run) -> None:
         run.slot = True  # (already, unless it waited in the queue)
         self.busy += 1
+        if run.due_now:
+            self._launch(run)
+            return
         loop = asyncio.get_running_loop()
         due = run.claimed.header.due_ms
         at = self.to_loop(due) if due is not None else loop.time()
@@ -182,7 +205,7 @@ class Runs:
             nxt = self.queued.popleft()
             if nxt.lost:
                 continue
-            if asyncio.get_running_loop().time() - nxt.queued_at > MAX_QUEUED_S:
+            if time.monotonic() - nxt.queued_at > MAX_QUEUED_S:
                 # Claimed ahead for handlers that then slowed down: let another worker run it.
                 self._finish(nxt, Outcome("release", nxt.claimed.id, nxt.claimed.token))
                 continue

@@ -417,8 +417,11 @@ class Worker:
                 full = full or len(got) >= limit  # a full batch: more may be due right now
                 if free <= 0:
                     break
-            for claimed in batches[0] if len(batches) == 1 else interleave(batches):
-                self.runs.start(claimed)
+            if batches:
+                self.runs.start_many(
+                    batches[0] if len(batches) == 1 else interleave(batches),
+                    self.clock.server_now_ms,
+                )
             if full:
                 continue
             deadline = min(
