@@ -23,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cluster
+import costs
 import drain
 import durable
 import expiring
@@ -34,7 +35,8 @@ import soak
 from common import Report, cleanup_all
 
 BENCHMARKS = {
-    m.NAME: m for m in (lateness, drain, schedule, idle, memory, expiring, durable, soak, cluster)
+    m.NAME: m
+    for m in (lateness, drain, costs, schedule, idle, memory, expiring, durable, soak, cluster)
 }
 ON_REQUEST = {soak.NAME, cluster.NAME}  # too long to run by default: only when named
 

@@ -15,10 +15,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ..leasing import Claimed
 from ..task import Task
+from .batches import Batches
 from .execute import Executor
 from .outcome import Finisher, Outcome
 
@@ -81,6 +83,7 @@ class Runs:
         self.busy = 0  # slots taken: claimed and not finished
         self.started = 0
         self.service_s: float | None = None  # mean time a handler holds its slot
+        self.batches: Batches[Run] = Batches(self._begin, self._abandon)
 
     @property
     def held(self) -> int:
@@ -156,7 +159,22 @@ class Runs:
     def _launch(self, run: Run) -> None:
         run.timer = None
         self.running.add(run)
-        run.handle = asyncio.create_task(self._execute(run))
+        self.batches.start(run)
+
+    def _begin(self, run: Run, task: asyncio.Task[None]) -> Coroutine[Any, Any, None] | None:
+        """A run starts (in a task shared with other runs while theirs finish at once)."""
+        if run.lost:  # lost while it waited to start: _lose freed its slot
+            self.running.discard(run)
+            return None
+        run.handle = task
+        return self._execute(run)
+
+    def _abandon(self, run: Run) -> None:
+        """Launched, never started (shutdown cancelled its shared task): hand it back."""
+        self.running.discard(run)
+        if not run.lost:
+            self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
+            self._free_slot(run)
 
     def _started(self, run: Run, task: Task) -> None:
         run.task = task
@@ -191,6 +209,7 @@ class Runs:
         else:
             self._finish(run, outcome)
         finally:
+            run.handle = None  # its task may go on with other runs
             self.running.discard(run)
             self._free_slot(run)
 
@@ -280,16 +299,25 @@ class Runs:
 
         async def all_finished() -> None:
             while self.running:
-                await asyncio.wait([r.handle for r in self.running if r.handle])
+                tasks = self._tasks()
+                if tasks:
+                    await asyncio.wait(tasks)
+                else:  # only between a launch and its shared task's creation
+                    await asyncio.sleep(0.001)
 
         waits = [asyncio.create_task(all_finished()), asyncio.create_task(force.wait())]
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
             w.cancel()
 
+    def _tasks(self) -> set[asyncio.Task[None]]:
+        """The tasks running handlers, and those about to start some."""
+        return {r.handle for r in self.running if r.handle} | self.batches.tasks
+
     async def cancel_running(self) -> None:
-        """Cancel what still runs; each hands its task back (see ``_execute``)."""
-        handles = [r.handle for r in self.running if r.handle]
-        for h in handles:
-            h.cancel()
-        await asyncio.gather(*handles, return_exceptions=True)
+        """Cancel what still runs; each hands its task back (see ``_execute`` and
+        ``_abandon``)."""
+        tasks = self._tasks()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

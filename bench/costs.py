@@ -1,0 +1,133 @@
+"""Where a drained task's time goes: server time of claim and ack, worker time of its parts.
+
+The drain's ceiling is whichever side runs out first, the server (one core) or the worker
+(one event loop): so this splits both. Server: ``INFO commandstats`` time of the claim and
+ack scripts per task, in batches of 16 (a worker's slots) and 500 (claimed ahead), on a
+fresh server holding 20,000 due tasks, next to the floor's claim script (bench/peers) on
+the same server. Worker: CPU per task of the per-task path without Redis (``Runs`` and
+``Executor`` running an async no-op handler), of parsing a claim reply and of packing an
+ack call; the floor's own per-task Python is a split and a line written. No bar: the
+figures explain the drain bar (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from common import Report, client, fresh_server
+
+from delayq import Queue, TaskSpec, leasing
+from delayq.codec import Header, JsonCodec
+from delayq.leasing import Claimed
+from delayq.runner import SyncRunner
+from delayq.worker.events import Events
+from delayq.worker.execute import Executor
+from delayq.worker.outcome import Outcome, _op
+from delayq.worker.registry import Registry, make_handler
+from delayq.worker.runs import Runs
+
+NAME = "costs"
+TITLE = "Per-task costs of a drain: server scripts and worker Python, each alone"
+N = 20_000
+FLOOR_CLAIM = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
+return due
+"""
+
+
+def _script_us(r: Any) -> float:
+    return float(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def server_side(rep: Report, n: int) -> None:
+    for batch in (16, 500):
+        with fresh_server(appendonly=False) as srv, Queue("costs", url=srv.url) as q:
+            q.schedule_many(TaskSpec("noop", {"i": i}, delay=0) for i in range(n))
+            r, run = client(srv.url), SyncRunner(q.client)
+            r.config_resetstat()
+            held: list[tuple[str, int]] = []
+            while got := run.run(leasing.claim(q.core, limit=batch, lease_ms=60_000)).tasks:
+                held += [(c.id, c.token) for c in got]
+            claim_us = _script_us(r) / len(held)
+            r.config_resetstat()
+            for i in range(0, len(held), batch):
+                run.run(leasing.ack(q.core, held[i : i + batch]))
+            ack_us = _script_us(r) / len(held)
+            r.zadd("floor:due", {f"t{i}": 0 for i in range(n)})
+            sha = r.script_load(FLOOR_CLAIM)
+            r.config_resetstat()
+            while r.evalsha(sha, 1, "floor:due", 1, 100):
+                pass
+            floor_us = _script_us(r) / n
+            r.close()
+        rep.line(
+            f"server, batches of {batch:3d}: claim {claim_us:.2f} + ack {ack_us:.2f} = "
+            f"{claim_us + ack_us:.2f} us/task in scripts (floor's pop of 100: {floor_us:.2f})"
+        )
+        rep.figure(
+            f"server-{batch}", {"claim_us": claim_us, "ack_us": ack_us, "floor_us": floor_us}
+        )
+
+
+async def _runs_path(n: int) -> float:
+    async def noop(task: Any) -> None:
+        return None
+
+    registry = Registry()
+    registry.add(make_handler("noop", noop))
+    executor = Executor(registry, "q", {"json": JsonCodec()}, None, None, Events())  # type: ignore[arg-type]
+    written: list[Outcome] = []
+
+    class Sink:  # the Finisher's place: outcomes are only collected
+        def add(self, o: Outcome) -> None:
+            written.append(o)
+
+    runs = Runs(executor, Sink(), lambda ms: 0.0, lambda: None, concurrency=16, lookahead=0.02)  # type: ignore[arg-type]
+    batch = [
+        Claimed(f"t{i}", Header("noop", 1, 0, i, 0, 1000, "json"), b'{"i":%d}' % i)
+        for i in range(n)
+    ]
+    t0 = time.process_time()
+    for i in range(0, n, 1000):
+        runs.start_many(batch[i : i + 1000], 2000)
+        while runs.held:
+            await asyncio.sleep(0)
+        runs.written(written, set())
+        written.clear()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def worker_side(rep: Report, n: int) -> None:
+    runs_us = asyncio.run(_runs_path(n))
+    core = Queue("costs", url="redis://127.0.0.1:1/0").core  # builders only: never connects
+    op = leasing.claim(core, limit=1000, lease_ms=30_000)
+    reply = [1, -1, -1]
+    for i in range(1000):
+        reply += [b"t%d" % i, b"noop", 1, 0, i, 1000, 0, b"", b'{"i":1}']
+    t0 = time.process_time()
+    for _ in range(20):
+        op.parse(reply)
+    parse_us = (time.process_time() - t0) / 20_000 * 1e6
+    from redis.asyncio.connection import Connection
+
+    ack = _op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
+    conn = Connection()
+    t0 = time.process_time()
+    for _ in range(20):
+        conn.pack_command("EVALSHA", ack.script.sha, len(ack.keys), *ack.keys, *ack.args)
+    pack_us = (time.process_time() - t0) / 20_000 * 1e6
+    rep.line(
+        f"worker: runs + executor + no-op handler {runs_us:.2f}, claim reply parse "
+        f"{parse_us:.2f}, ack packing {pack_us:.2f} us/task (CPU, no Redis)"
+    )
+    rep.figure("worker", {"runs_us": runs_us, "parse_us": parse_us, "pack_us": pack_us})
+
+
+def run(rep: Report) -> None:
+    n = rep.n(N)
+    rep.line(f"{n:,} tasks due now; per-task costs of a drain, each side alone")
+    server_side(rep, n)
+    worker_side(rep, n * 5)
