@@ -117,7 +117,7 @@ class Header:
     max_attempts: int
     token: int
     created_ms: int
-    due_ms: int | None
+    due_ms: float | None  # to the microsecond when the task was scheduled with one
     fmt: str
 
     @classmethod

@@ -39,6 +39,7 @@ class ClaimResult:
     next_due_ms: int | None
     next_lease_ms: int | None
     tasks: list[Claimed]
+    now_us: int = 0  # the same instant as now_ms, to the microsecond (the worker's clock)
 
 
 def _opt(v: Any) -> int | None:
@@ -73,14 +74,15 @@ def claim(
                     r[i + 3],
                     r[i + 4],
                     r[i + 6],
-                    r[i + 5],
+                    r[i + 5] if type(r[i + 5]) is int else float(r[i + 5]),
                     r[i + 7].decode() or "json",
                 ),
                 r[i + 8],
             )
             for i in range(3, len(r), CLAIM_STRIDE)
         ]
-        return ClaimResult(int(r[0]), _opt(r[1]), _opt(r[2]), tasks)
+        now_us = int(r[0])
+        return ClaimResult(now_us // 1000, _opt(r[1]), _opt(r[2]), tasks, now_us)
 
     return core.op(
         "claim",

@@ -38,8 +38,11 @@ def seconds(value: Duration, what: str = "delay") -> float:
     return secs
 
 
-def at_ms(at: datetime | float | int) -> int:
-    """An absolute due time: an aware datetime or a Unix timestamp in seconds."""
+def at_ms(at: datetime | float | int) -> int | float:
+    """An absolute due time in ms, to the microsecond (a whole number stays an int): an aware
+    datetime or a Unix timestamp in seconds. Workers time a task to the microsecond, so a
+    due time rounded to the millisecond would start tasks up to half a millisecond before
+    (or after) the time asked for."""
     if isinstance(at, datetime):
         if at.tzinfo is None or at.utcoffset() is None:
             raise InvalidTaskError(
@@ -57,7 +60,8 @@ def at_ms(at: datetime | float | int) -> int:
         raise InvalidTaskError(f"at= must be a finite, non-negative timestamp, got {at!r}")
     if ts > 253402300799:  # 9999-12-31
         raise InvalidTaskError(f"at={at!r} is beyond year 9999; is it in milliseconds?")
-    return round(ts * 1000)
+    ms = round(ts * 1000, 3)
+    return int(ms) if ms.is_integer() else ms
 
 
 def due_spec(delay: Duration | None, at: datetime | float | int | None) -> str:

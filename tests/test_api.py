@@ -70,6 +70,16 @@ def test_at_accepts_aware_datetime_and_timestamp(api: Any) -> None:
     assert api.get(b).due_at == when + timedelta(seconds=1)
 
 
+def test_at_keeps_microseconds(api: Any) -> None:
+    """Workers time tasks to the microsecond: a due time rounded to the millisecond would
+    start a task up to half a millisecond before the time asked for."""
+    when = datetime(2030, 1, 2, 3, 4, 5, 123_456, tzinfo=UTC)
+    tid = api.schedule("k", None, at=when)
+    assert api.get(tid).due_at == when
+    later = api.schedule("k", None, at=when.timestamp() + 0.0005)
+    assert api.get(later).due_at == when + timedelta(microseconds=500)
+
+
 def test_timedelta_delay(api: Any) -> None:
     tid = api.schedule("k", None, delay=timedelta(minutes=15))
     remaining = (api.get(tid).due_at - datetime.now(UTC)).total_seconds()

@@ -354,6 +354,38 @@ def test_idle_worker_wakes_for_an_earlier_task_without_polling(
     assert state(queue, "far") == "scheduled"
 
 
+def test_a_task_due_between_milliseconds_never_starts_before_its_time(
+    queue: Queue, run_worker: Any
+) -> None:
+    """The worker maps the server's clock to the microsecond and due times keep theirs, so a
+    timer started for a task set at=t fires at t or after, never up to a millisecond before."""
+    worker = Worker(queue)
+    starts: dict[str, tuple[float, float]] = {}
+    seen_due: dict[str, float] = {}
+    done = threading.Event()
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        starts[task.id] = (time.time(), task.payload)
+        seen_due[task.id] = task.due_at.timestamp() - task.payload
+        if len(starts) == 40:
+            done.set()
+
+    with run_worker(worker):
+        time.sleep(0.3)
+        base = time.time() + 0.5
+        queue.schedule_many(
+            [
+                TaskSpec("k", base + i * 0.0131, at=base + i * 0.0131, task_id=f"t{i}")
+                for i in range(40)
+            ]
+        )
+        assert done.wait(10)
+    early = {tid: due - start for tid, (start, due) in starts.items() if start < due}
+    assert not early, f"started before their due time (s): {early}"
+    assert max(abs(d) for d in seen_due.values()) < 2e-6  # task.due_at to the microsecond
+
+
 def test_idle_worker_reaps_a_lease_that_ends_before_its_next_look(
     queue: Queue, run_worker: Any
 ) -> None:

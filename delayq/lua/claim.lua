@@ -15,13 +15,15 @@
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
 -- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
 -- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
--- Returns: {now, next_due, next_lease_deadline, then per task: id, kind, attempt, max_attempts,
---          token, due, created, format ("" for JSON), payload}; the times are ms (-1 when
---          there is none). The header's fields come decoded, so the worker parses no JSON
---          but the payload's. A record whose header cannot be decoded goes to the dead set.
+-- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
+--          attempt, max_attempts, token, due, created, format ("" for JSON), payload}; the
+--          other times are ms (-1 when there is none); a due time with microseconds comes
+--          as a string. The header's fields come decoded, so
+--          the worker parses no JSON but the payload's. A record whose header cannot be
+--          decoded goes to the dead set.
 --@include common
 --@include reap
-local now = dq_now(A.now)
+local now, now_us = dq_now_us(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 
 -- An idle worker runs this every max_wait: look at the two heads first, and run the range
@@ -37,7 +39,7 @@ if lease_head and lease_head <= now then
 end
 
 local limit = tonumber(A.limit)
-local out = {now, -1, -1}
+local out = {now_us, -1, -1}
 local head = dq_head(K.scheduled)
 if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
   local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now + tonumber(A.lookahead_ms),
@@ -72,7 +74,7 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         out[o + 3] = h.a
         out[o + 4] = h.m
         out[o + 5] = token
-        out[o + 6] = at
+        out[o + 6] = at % 1 == 0 and at or string.format('%.3f', at)  -- ms, maybe with us
         out[o + 7] = tonumber(h.c) or 0
         out[o + 8] = type(h.f) == 'string' and h.f or ''
         out[o + 9] = payload

@@ -20,10 +20,10 @@ class ServerClock:
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float]] = deque()  # (received, lower bound)
         self.offset: float | None = None  # server seconds minus loop seconds
-        self.server_now_ms: int | None = None  # the server's time in the latest reply
+        self.server_now_ms: int | None = None  # the server's time in the latest reply (ms)
 
-    def observe(self, server_ms: int, sent: float, received: float) -> None:
-        self.server_now_ms = server_ms
+    def observe(self, server_ms: float, sent: float, received: float) -> None:
+        self.server_now_ms = int(server_ms)
         bound = server_ms / 1000 - received
         while self._samples and (
             self._samples[-1][1] <= bound or self._samples[0][0] < received - WINDOW_S

@@ -453,7 +453,7 @@ class Worker:
             if info:
                 self._registered_full_at = -REREGISTER_EVERY_S  # not stored: send it again
             raise
-        self.clock.observe(result.now_ms, sent, loop.time())
+        self.clock.observe(result.now_us / 1000, sent, loop.time())
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
