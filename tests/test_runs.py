@@ -11,7 +11,7 @@ from delayq import Queue, Task, Worker
 from delayq.codec import Header
 from delayq.errors import Defer
 from delayq.leasing import Claimed
-from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, Run, Runs
+from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, PROBE_EVERY, Run, Runs
 
 from .helpers import wait_for
 
@@ -129,3 +129,41 @@ def test_slow_handlers_get_no_tasks_claimed_ahead_from_other_workers(
         with run_worker(make("b")):
             wait_for(lambda: len(ran["a"]) + len(ran["b"]) == 14, timeout=20)
     assert len(ran["b"]) >= 4, ran
+
+
+async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -> None:
+    """A run that waits keeps its shared task and the rest need a new one, a loop pass
+    later: once a kind's handler has been seen to wait, its runs start in tasks of their own,
+    all in the same pass."""
+    from delayq.codec import JsonCodec
+    from delayq.worker.events import Events
+    from delayq.worker.execute import Executor
+    from delayq.worker.registry import Registry, make_handler
+
+    release = asyncio.Event()
+
+    async def waits(task: Task) -> None:
+        if not release.is_set():
+            await release.wait()
+
+    registry = Registry()
+    registry.add(make_handler("k", waits))
+    executor = Executor(registry, "q", {"json": JsonCodec()}, None, None, Events())  # type: ignore[arg-type]
+    runs = Runs(executor, Written(), lambda ms: 0.0, lambda: None, concurrency=100)  # type: ignore[arg-type]
+    runs.start_many([claimed("first", 1)], 10**15)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert runs.started == 1  # it waited: the kind is known to wait now
+    runs.start_many([claimed(f"t{i}", i + 2) for i in range(20)], 10**15)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert runs.started == 21
+    release.set()
+    while runs.running:
+        await asyncio.sleep(0)
+    # It stopped waiting: a probe every PROBE_EVERY runs notices, and shared tasks are back.
+    for i in range(PROBE_EVERY + 2):
+        runs.start_many([claimed(f"u{i}", 100 + i)], 10**15)
+        while runs.running:
+            await asyncio.sleep(0)
+    assert runs._alone == {}

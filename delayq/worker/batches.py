@@ -7,7 +7,10 @@ context of its own, for as long as each finishes without waiting. The first one 
 wait keeps that task to itself until it ends (its ``current_task()``, timeouts and cancel
 scopes stay its own, as in a task of its own), and the runs after it go on in a new
 shared task. A shared task hands the loop over every millisecond, so claims, result
-writes and timers are not held up by a long batch.
+writes and timers are not held up by a long batch. Since a new task starts only on the
+loop's next pass, runs whose handlers wait (sync handlers, which wait for their thread, and
+I/O-bound ones) would start one per pass that way: the owner starts those in tasks of
+their own (``alone``), as they would have been anyway.
 """
 
 from __future__ import annotations
@@ -57,15 +60,20 @@ class Batches(Generic[R]):
             None to skip it (its lease was lost while it waited to start).
         abandon: called for a run that never started because its shared task was
             cancelled (shutdown), so it can be handed back.
+        stepped: called with each run once its first step is done, and whether it waited
+            (so kept its shared task, and the runs after it had to wait for a new task, one
+            more pass of the loop).
     """
 
     def __init__(
         self,
         begin: Callable[[R, asyncio.Task[None]], Attempt | None],
         abandon: Callable[[R], None],
+        stepped: Callable[[R, bool], None] = lambda run, waited: None,
     ) -> None:
         self.begin = begin
         self.abandon = abandon
+        self.stepped = stepped
         # The shared tasks still going, each with the runs it is to start (emptied when it
         # hands them on to a new task).
         self.owned: dict[asyncio.Task[None], deque[R]] = {}
@@ -77,6 +85,10 @@ class Batches(Generic[R]):
     @property
     def tasks(self) -> set[asyncio.Task[None]]:
         return set(self.owned)
+
+    def alone(self, coro: Attempt) -> asyncio.Task[None]:
+        """A task of its own for a run expected to wait, in a fresh copy of the context."""
+        return asyncio.get_running_loop().create_task(coro, context=self._context.copy())
 
     def start(self, run: R) -> None:
         if self._open is None:
@@ -114,16 +126,19 @@ class Batches(Generic[R]):
                 sliced, first = time.perf_counter(), True  # at least one run per slice
                 continue
             first = False
-            coro = self.begin(runs.popleft(), task)
+            run = runs.popleft()
+            coro = self.begin(run, task)
             if coro is None:
                 continue
             ctx = self._context.copy()
             try:
                 waiting = ctx.run(coro.send, None)
             except StopIteration:
+                self.stepped(run, False)
                 continue  # finished without waiting: on to the next run, same task
             # It waits: it keeps this task, and the rest (new runs joining them) go on in a
             # new one; with none left, new runs start a batch of their own.
+            self.stepped(run, True)
             self.owned[task] = deque()
             if runs:
                 self._spawn(runs)

@@ -32,6 +32,9 @@ INTERNAL_RETRY_MS = 30_000
 MAX_AHEAD = 1000
 MAX_QUEUED_S = 1.0
 SERVICE_WEIGHT = 0.05  # the mean handler time is a moving average over ~20 runs
+# A kind whose handler waited starts its runs in tasks of their own; every this many, one
+# goes through a shared task again, to notice if its handler stopped waiting.
+PROBE_EVERY = 16
 
 
 class Run:
@@ -83,7 +86,8 @@ class Runs:
         self.busy = 0  # slots taken: claimed and not finished
         self.started = 0
         self.service_s: float | None = None  # mean time a handler holds its slot
-        self.batches: Batches[Run] = Batches(self._begin, self._abandon)
+        self.batches: Batches[Run] = Batches(self._begin, self._abandon, self._stepped)
+        self._alone: dict[str, int] = {}  # kind -> runs left to start alone before a probe
 
     @property
     def held(self) -> int:
@@ -161,7 +165,22 @@ class Runs:
     def _launch(self, run: Run) -> None:
         run.timer = None
         self.running.add(run)
-        self.batches.start(run)
+        kind = run.claimed.header.kind
+        left = self._alone.get(kind)
+        if left is None:
+            self.batches.start(run)
+        elif left:  # its handler waits: in a shared task it would hold up the runs after it
+            self._alone[kind] = left - 1
+            run.handle = self.batches.alone(self._execute(run))
+        else:  # one goes through a shared task, the rest alone until it shows which it is
+            self._alone[kind] = PROBE_EVERY
+            self.batches.start(run)
+
+    def _stepped(self, run: Run, waited: bool) -> None:
+        if waited:
+            self._alone[run.claimed.header.kind] = PROBE_EVERY
+        elif self._alone:
+            self._alone.pop(run.claimed.header.kind, None)
 
     def _begin(self, run: Run, task: asyncio.Task[None]) -> Coroutine[Any, Any, None] | None:
         """A run starts (in a task shared with other runs while theirs finish at once)."""
