@@ -39,7 +39,7 @@ class ClaimResult:
     next_due_ms: int | None
     next_lease_ms: int | None
     tasks: list[Claimed]
-    now_us: int = 0  # the same instant as now_ms, to the microsecond (the worker's clock)
+    now_us: int  # the same instant as now_ms, to the microsecond (the worker's clock)
 
 
 def _opt(v: Any) -> int | None:

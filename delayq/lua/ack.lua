@@ -15,7 +15,7 @@
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens = dq_columns(REST, 2)
-local heads = dq_holds(K, ids, tokens, now, true)
+local heads = dq_held(K, ids, tokens, now, true, true)
 local refused, acked, scored = {}, {}, {}
 for j, id in ipairs(ids) do
   if heads[j] then

@@ -18,9 +18,8 @@
 -- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
 --          attempt, max_attempts, token, due, created, format ("" for JSON), payload}; the
 --          other times are ms (-1 when there is none); a due time with microseconds comes
---          as a string. The header's fields come decoded, so
---          the worker parses no JSON but the payload's. A record whose header cannot be
---          decoded goes to the dead set.
+--          as a string. The header's fields come decoded, so the worker parses no JSON but
+--          the payload's. A record whose header cannot be decoded goes to the dead set.
 --@include common
 --@include reap
 local now, now_us = dq_now_us(A.now)

@@ -15,7 +15,7 @@ local now = dq_now(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 local deadline = now + tonumber(A.lease_ms)
 local ids, tokens = dq_columns(REST, 2)
-local heads = dq_holds(K, ids, tokens, now, false)
+local heads = dq_held(K, ids, tokens, now, false, true)
 local lost, scored = {}, {}
 for j, id in ipairs(ids) do
   if heads[j] then

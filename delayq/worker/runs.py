@@ -5,8 +5,7 @@ slots (when it was claimed ahead, see :meth:`Runs.allowance`), then on a local t
 its due time, runs its handler, and hands the outcome to the Finisher; it is forgotten once
 that write is confirmed, or at once if its lease is lost. Runs are tracked as objects, not
 by task id alone: a worker can re-claim a task whose earlier run here lost its lease
-(stalled past it),
-and the two runs must not be confused.
+(stalled past it), and the two runs must not be confused.
 """
 
 from __future__ import annotations
@@ -319,12 +318,9 @@ class Runs:
             return
 
         async def all_finished() -> None:
-            while self.running:
-                tasks = self._tasks()
-                if tasks:
-                    await asyncio.wait(tasks)
-                else:  # only between a launch and its shared task's creation
-                    await asyncio.sleep(0.001)
+            # Every run in ``running`` is in a task: its own, or a shared one that holds it.
+            while self.running and (tasks := self._tasks()):
+                await asyncio.wait(tasks)
 
         waits = [asyncio.create_task(all_finished()), asyncio.create_task(force.wait())]
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
