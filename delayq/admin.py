@@ -118,8 +118,10 @@ def page(
 
     def parse(r: Any) -> list[TaskInfo]:
         return [
-            core.task_info(_s(r[i]), state, float(r[i + 1]), _b(r[i + 2] or b""), r[i + 3])
-            for i in range(0, len(r), 4)
+            core.task_info(
+                _s(r[i]), state, float(r[i + 1]), _b(r[i + 2] or b""), r[i + 3], r[i + 4]
+            )
+            for i in range(0, len(r), 5)
         ]
 
     return core.op("page", {"state": state, "offset": offset, "limit": limit}, [], parse)

@@ -133,6 +133,20 @@ class Header:
         )
 
 
+def with_attempt(header: Header, state: bytes | None) -> Header:
+    """The header with its attempt state from the attempts hash ("<token> <attempt> <due>",
+    see QueueKeys.attempts) when there is one: that entry, not the header, is current."""
+    if not state:
+        return header
+    try:
+        token, attempt, due = state.split(b" ")
+        header.token, header.attempts = int(token), int(attempt)
+        header.due_ms = (float(due) if b"." in due else int(due)) if due else None
+    except ValueError:
+        pass  # an unreadable entry shows the header's own fields
+    return header
+
+
 def _as_int(value: Any) -> int:
     # cjson writes integers as floats only when they exceed 14 digits; accept both.
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

@@ -25,6 +25,7 @@ from .codec import (
     get_codec,
     record_prefix,
     split_record,
+    with_attempt,
 )
 from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
@@ -255,19 +256,21 @@ class QueueCore:
         def parse(reply: Any) -> TaskInfo | None:
             if not reply:
                 return None
-            state, score, record, err = reply
-            return self.task_info(tid, _s(state), float(score), _b(record), err)
+            state, score, record, err, attempt = reply
+            return self.task_info(tid, _s(state), float(score), _b(record), err, attempt)
 
         return self.op("get", {"id": tid}, [], parse)
 
     def task_info(
-        self, task_id: str, state: str, score: float, record: bytes, err: Any
+        self, task_id: str, state: str, score: float, record: bytes, err: Any, attempt: Any
     ) -> TaskInfo:
-        """Build a TaskInfo from what the scripts return; an undecodable record still shows."""
+        """Build a TaskInfo from what the scripts return (record, last error, attempt state);
+        an undecodable record still shows."""
         last_error = _s(err) if err else None
         when = ms_to_datetime(score)
         try:
             header, data = split_record(record)
+            header = with_attempt(header, _b(attempt) if attempt else None)
         except RecordError as e:
             # Still show what the sets know: when it died, is due, or its lease ends.
             return TaskInfo(
@@ -338,9 +341,9 @@ class QueueCore:
 
         def parse(r: Any) -> list[TaskInfo]:
             out = []
-            for i in range(0, len(r), 4):
+            for i in range(0, len(r), 5):
                 tid, died, record, err = _s(r[i]), float(r[i + 1]), r[i + 2], r[i + 3]
-                out.append(self.task_info(tid, "dead", died, _b(record or b""), err))
+                out.append(self.task_info(tid, "dead", died, _b(record or b""), err, r[i + 4]))
             return out
 
         return self.op("dead", {"offset": offset, "limit": limit}, [], parse)

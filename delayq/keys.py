@@ -92,6 +92,14 @@ class QueueKeys:
         return f"{self.base}:tasks"
 
     @property
+    def attempts(self) -> str:
+        """HASH task id -> "<token> <attempt> <due>" of its current or last claim. Apart from
+        the record so that a claim writes these few bytes instead of rewriting the record;
+        records claimed before it existed carry them in their header (``t``, ``a``, ``d``),
+        which count until a claim writes an entry here."""
+        return f"{self.base}:attempts"
+
+    @property
     def errors(self) -> str:
         """HASH task id -> last error text (only for tasks that failed at least once)."""
         return f"{self.base}:errors"

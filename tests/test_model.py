@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from delayq import Queue, leasing
-from delayq.codec import split_record
+from delayq.codec import split_record, with_attempt
 from delayq.core import TaskSpec
 from delayq.embedded import EmbeddedServer
 from delayq.keys import QueueKeys
@@ -194,11 +194,13 @@ def read_state(r: redis.Redis, k: QueueKeys) -> tuple[Any, ...]:
     pipe = r.pipeline(transaction=False)
     for name in STATES:
         pipe.zrange(getattr(k, name), 0, -1, withscores=True)
-    pipe.hgetall(k.tasks).hgetall(k.errors).hgetall(k.stats)
-    *zsets, tasks, errors, stats = pipe.execute()
+    pipe.hgetall(k.tasks).hgetall(k.attempts).hgetall(k.errors).hgetall(k.stats)
+    *zsets, tasks, attempts, errors, stats = pipe.execute()
+    assert set(attempts) <= set(tasks), "an attempt state outlived its record"
+    records = {i: split_record(rec) for i, rec in tasks.items()}
     return (
         [{i.decode(): int(s) for i, s in z} for z in zsets],
-        {i.decode(): split_record(rec) for i, rec in tasks.items()},
+        {i.decode(): (with_attempt(h, attempts.get(i)), p) for i, (h, p) in records.items()},
         {i.decode(): e.decode() for i, e in errors.items()},
         {c.decode(): int(v) for c, v in stats.items()},
     )

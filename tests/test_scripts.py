@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from delayq import Queue, admin, expiring
-from delayq.codec import Header, RecordError, encode_record, split_record
+from delayq.codec import Header, RecordError, encode_record, split_record, with_attempt
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.keys import QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
@@ -52,7 +52,8 @@ def reaped(attempt: int, *, dead: bool = False) -> str:
 
 @dataclass(frozen=True)
 class T:
-    """A task record as the scripts see it: the header fields they change, and the payload."""
+    """A task as the scripts see it: the record's header fields they read, the payload, and
+    the attempt state (a, t, d) kept in the attempts hash."""
 
     kind: str = "job"
     payload: bytes = b'"old"'
@@ -60,18 +61,26 @@ class T:
     m: int = 0
     t: int = 0
     d: int | None = None
+    # Seeded as claims wrote it before the attempts hash: a, t and d in the record's header.
+    legacy: bool = field(default=False, compare=False)
 
     def record(self) -> bytes:
-        """Built like a producer does (encode_record), then changed like claim would."""
+        """Built like a producer does (encode_record): claims never rewrite it."""
         rec = encode_record(
             self.kind, self.payload, max_attempts=self.m, created_ms=CREATED, fmt="json"
         )
         changed = {k: v for k, v in {"a": self.a, "t": self.t, "d": self.d}.items() if v}
-        if not changed:
+        if not self.legacy or not changed:
             return rec
         head, _, payload = rec.partition(b"\n")
         header = json.loads(head) | changed
         return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+    def attempt(self) -> bytes | None:
+        """Its attempts-hash entry, or None for a task never claimed (or seeded as legacy)."""
+        if self.legacy or not (self.a or self.t or self.d):
+            return None
+        return f"{self.t} {self.a} {'' if self.d is None else self.d}".encode()
 
     @classmethod
     def of(cls, header: Header, payload: bytes) -> T:
@@ -80,12 +89,13 @@ class T:
         )
 
     @classmethod
-    def read(cls, record: bytes) -> T | bytes:
+    def read(cls, record: bytes, attempt: bytes | None = None) -> T | bytes:
         """An undecodable record reads back as its raw bytes."""
         try:
-            return cls.of(*split_record(record))
+            header, payload = split_record(record)
         except RecordError:
             return record
+        return cls.of(with_attempt(header, attempt), payload)
 
 
 NEW = T(payload=b'"new"')  # what `spec()` schedules
@@ -114,6 +124,9 @@ def seed(r: redis.Redis, k: QueueKeys, s: S) -> None:
         pipe.hset(
             k.tasks, mapping={i: t.record() if isinstance(t, T) else t for i, t in s.tasks.items()}
         )
+        attempts = {i: e for i, t in s.tasks.items() if isinstance(t, T) and (e := t.attempt())}
+        if attempts:
+            pipe.hset(k.attempts, mapping=attempts)
     if s.errors:
         pipe.hset(k.errors, mapping=s.errors)
     if s.stats:
@@ -125,11 +138,12 @@ def read_state(r: redis.Redis, k: QueueKeys) -> S:
     pipe = r.pipeline(transaction=False)
     for name in STATES:
         pipe.zrange(getattr(k, name), 0, -1, withscores=True)
-    pipe.hgetall(k.tasks).hgetall(k.errors).hgetall(k.stats)
-    *zsets, tasks, errors, stats = pipe.execute()
+    pipe.hgetall(k.tasks).hgetall(k.attempts).hgetall(k.errors).hgetall(k.stats)
+    *zsets, tasks, attempts, errors, stats = pipe.execute()
+    assert set(attempts) <= set(tasks), "an attempt state outlived its record"
     return S(
         *({i.decode(): int(score) for i, score in z} for z in zsets),
-        tasks={i.decode(): T.read(rec) for i, rec in tasks.items()},
+        tasks={i.decode(): T.read(rec, attempts.get(i)) for i, rec in tasks.items()},
         errors={i.decode(): e.decode() for i, e in errors.items()},
         stats={c.decode(): int(v) for c, v in stats.items()},
     )
@@ -534,14 +548,14 @@ def test_claim_tokens_increase_across_calls(queue: Queue) -> None:
     assert tokens == [1, 2, 3]
 
 
-# Headers Lua's cjson decodes but cannot encode again (a non-finite number).
+# Headers Lua's cjson decodes, with a number no reply can carry (not finite).
 CREATED_INF = pytest.param(b'{"k":"job","a":0,"m":0,"t":0,"c":1e999}\n{}', id="created-1e999")
 MAX_NAN = pytest.param(b'{"k":"job","a":0,"m":"nan","t":0}\n{}', id="max-attempts-nan")
 ATTEMPTS_INF = pytest.param(b'{"k":"job","a":"inf","m":0,"t":0}\n{}', id="attempts-inf")
 
 
 @pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, ATTEMPTS_INF])
-def test_claim_buries_a_header_it_cannot_rewrite_and_loses_nothing(
+def test_claim_buries_a_header_with_a_number_out_of_range_and_loses_nothing(
     queue: Queue, record: bytes
 ) -> None:
     r, k = queue.client, queue.core.keys
@@ -1128,6 +1142,108 @@ def test_dead_shows_when_an_undecodable_task_died(queue: Queue) -> None:
     assert [(i.id, i.finished_at) for i in page] == [("y", when(NOW - 30))]
 
 
+# -- records claimed before the attempts hash ------------------------------------------
+# They carry their attempt state (a, t, d) in the header and have no attempts entry: every
+# script reads it there until a claim writes an entry, which wins from then on.
+
+OLD = dc_replace(LEASED, legacy=True)  # attempt 1, token 7, due NOW - 5_000
+OLD_SPENT = dc_replace(LEASED, a=3, m=3, legacy=True)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "ack checks the header's token: a wrong one is refused",
+            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
+            ack_op(("a", 8)),
+            ["a"],
+        ),
+        Case(
+            "ack with the header's token finishes the task",
+            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
+            ack_op(("a", 7)),
+            [],
+            S(done={"a": NOW}, tasks={"a": OLD}, stats={"succeeded": 1}),
+        ),
+        Case(
+            "a claim counts on from the header's attempt and writes the entry",
+            S(scheduled={"a": NOW - 10}, tasks={"a": OLD}, stats={"claim_seq": 7}),
+            claim_op(),
+            (NOW, None, NOW + LEASE, [("a", T(a=2, t=8, d=NOW - 10))]),
+            S(
+                active={"a": NOW + LEASE},
+                tasks={"a": T(a=2, t=8, d=NOW - 10)},
+                stats={"claim_seq": 8},
+            ),
+        ),
+        Case(
+            "the reaper reads the header's attempt against the attempt limit",
+            S(active={"a": NOW - 1}, tasks={"a": OLD_SPENT}),
+            lambda c: c.reap(now_ms=NOW),
+            1,
+            S(
+                dead={"a": NOW},
+                tasks={"a": OLD_SPENT},
+                errors={"a": reaped(3, dead=True)},
+                stats={"dead": 1, "leases_expired": 1},
+            ),
+        ),
+        Case(
+            "release gives back the header's attempt and keeps its due time",
+            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
+            release_op(("a", 7)),
+            [],
+            S(
+                scheduled={"a": NOW - 5_000},
+                tasks={"a": dc_replace(LEASED, a=0)},
+                stats={"released": 1},
+            ),
+        ),
+        Case(
+            "replay starts the attempts again from the header's",
+            S(dead={"a": NOW - 10}, tasks={"a": OLD_SPENT}, errors={"a": "fatal"}),
+            lambda c: c.replay(now_ms=NOW),
+            1,
+            S(
+                scheduled={"a": NOW},
+                tasks={"a": dc_replace(LEASED, a=0, m=3)},
+                errors={"a": "fatal"},
+                stats={"replayed": 1},
+            ),
+        ),
+    ),
+)
+def test_a_record_claimed_before_the_attempts_hash_keeps_its_lease_and_attempts(
+    queue: Queue, case: Case
+) -> None:
+    check(queue, case)
+
+
+def test_get_shows_the_attempt_of_a_record_claimed_before_the_attempts_hash(
+    queue: Queue,
+) -> None:
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(active={"a": NOW + 1_000}, tasks={"a": OLD_SPENT}))
+    info = SyncRunner(r).run(queue.core.get("a"))
+    assert info is not None and (info.attempts, info.max_attempts) == (3, 3)
+    assert info.due_at == ms_to_datetime(NOW - 5_000)
+
+
+def test_claims_leave_the_record_as_it_was_written(queue: Queue) -> None:
+    """A claim writes the attempt state apart (the attempts hash): the record, payload and
+    all, is written once by the producer and never again."""
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(scheduled={"a": NOW}, tasks={"a": T()}))
+    before = r.hget(k.tasks, "a")
+    run = SyncRunner(r)
+    (held,) = run.run(claim(queue.core, limit=1, lease_ms=LEASE, now_ms=NOW)).tasks
+    assert run.run(retry(queue.core, [("a", held.token, str(NOW), "flaky")], now_ms=NOW)) == []
+    run.run(claim(queue.core, limit=1, lease_ms=LEASE, now_ms=NOW))
+    assert r.hget(k.tasks, "a") == before
+    assert r.hget(k.attempts, "a") == f"{held.token + 1} 2 {NOW}".encode()
+
+
 # -- script headers against the code -----------------------------------------------------
 
 
@@ -1225,7 +1341,7 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
     script, keys = SCRIPTS["cancel"], QueueKeys("q")
     assert script.keys_and_args(keys, {"id": "a"}) == (
-        [keys.scheduled, keys.tasks, keys.errors, keys.stats],
+        [keys.scheduled, keys.tasks, keys.errors, keys.stats, keys.attempts],
         ["a"],
     )
     for bad in ({}, {"id": "a", "extra": 1}):

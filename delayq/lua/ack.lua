@@ -4,6 +4,7 @@
 -- KEYS[3] done
 -- KEYS[4] errors
 -- KEYS[5] stats
+-- KEYS[6] attempts
 -- ARGV[1] now         ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms   keep the finished record this long (0: delete it now)
 -- ARGV[3] counter     stats counter to add to: "succeeded" or "discarded"
@@ -15,7 +16,7 @@
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens = dq_columns(REST, 2)
-local heads = dq_held(K, ids, tokens, now, true, true)
+local heads = dq_held(K, ids, tokens, now, true)
 local refused, acked, scored = {}, {}, {}
 for j, id in ipairs(ids) do
   if heads[j] then
@@ -31,8 +32,7 @@ if #acked > 0 then
   if dedupe > 0 then
     redis.call('ZADD', K.done, unpack(scored))
   else
-    redis.call('HDEL', K.tasks, unpack(acked))
-    redis.call('HDEL', K.errors, unpack(acked))
+    dq_forget(K, acked)
   end
   redis.call('HINCRBY', K.stats, A.counter, #acked)
 end
@@ -41,7 +41,6 @@ end
 local old = redis.call('ZRANGEBYSCORE', K.done, '-inf', now - dedupe, 'LIMIT', 0, tonumber(A.trim_limit))
 if #old > 0 then
   redis.call('ZREM', K.done, unpack(old))
-  redis.call('HDEL', K.tasks, unpack(old))
-  redis.call('HDEL', K.errors, unpack(old))
+  dq_forget(K, old)
 end
 return refused

@@ -5,6 +5,7 @@
 -- KEYS[3] dead
 -- KEYS[4] errors
 -- KEYS[5] stats
+-- KEYS[6] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2...] tasks   triples: id, lease token, reason
 -- Returns: the ids refused because the lease was lost.

@@ -3,10 +3,11 @@
 -- KEYS[2] tasks
 -- KEYS[3] errors
 -- KEYS[4] stats
+-- KEYS[5] attempts
 -- ARGV[1] id
 -- Returns: 1 if the task was waiting and is now gone, else 0.
+--@include common
 if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
-redis.call('HDEL', K.tasks, A.id)
-redis.call('HDEL', K.errors, A.id)
+dq_forget(K, {A.id})
 redis.call('HINCRBY', K.stats, 'cancelled', 1)
 return 1

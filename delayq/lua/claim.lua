@@ -7,6 +7,7 @@
 -- KEYS[6] stats
 -- KEYS[7] workers
 -- KEYS[8] workers_seen
+-- KEYS[9] attempts
 -- ARGV[1] now           ms, or "" for the server's TIME
 -- ARGV[2] lookahead_ms  also claim tasks due this soon; the worker starts them on a local timer
 -- ARGV[3] limit         at most this many tasks
@@ -20,6 +21,8 @@
 --          other times are ms (-1 when there is none); a due time with microseconds comes
 --          as a string. The header's fields come decoded, so the worker parses no JSON but
 --          the payload's. A record whose header cannot be decoded goes to the dead set.
+-- The record is not rewritten: the attempt's token, number and due time go to the attempts
+-- hash (dq_attempt_parse), a few bytes per task.
 --@include common
 --@include reap
 local now, now_us = dq_now_us(A.now)
@@ -47,34 +50,35 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
   for i = 1, #due, 2 do ids[(i + 1) / 2] = due[i] end
   if #ids > 0 then
     local recs = redis.call('HMGET', K.tasks, unpack(ids))
+    local states = redis.call('HMGET', K.attempts, unpack(ids))
     local token = redis.call('HINCRBY', K.stats, 'claim_seq', #ids) - #ids
     local lease = tonumber(A.lease_ms)
-    -- Tables grow by index counters (n, m, o): "#t + 1" costs a search on every insert.
-    local records, leases, corrupt, n, o = {}, {}, {}, 0, #out
+    -- Tables grow by index counters (n, o): "#t + 1" costs a search on every insert.
+    local claims, leases, corrupt, n, o = {}, {}, {}, 0, #out
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
-      local h, payload, new = nil, nil, nil
+      local h, payload = nil, nil
       if recs[j] then h, payload = dq_split(recs[j]) end
       if h then
+        -- The attempt count is the entry's, or an old record's header's (dq_attempt_of_record).
+        local attempt = h.a
+        if states[j] then
+          attempt = tonumber(string.match(states[j], '^%d+ (%d+)')) or 0
+        end
         token = token + 1
-        h.a = h.a + 1
-        h.t = token
-        h.d = at
-        new = dq_join(h, payload)
-      end
-      if new then
-        records[n + 1] = id
-        records[n + 2] = new
+        attempt = attempt + 1
+        claims[n + 1] = id
+        claims[n + 2] = string.format('%d %d %s', token, attempt, due[2 * j])  -- dq_attempt_parse
         leases[n + 1] = math.max(now, at) + lease
         leases[n + 2] = id
         n = n + 2
         out[o + 1] = id
         out[o + 2] = h.k
-        out[o + 3] = h.a
+        out[o + 3] = attempt
         out[o + 4] = h.m
         out[o + 5] = token
-        out[o + 6] = at % 1 == 0 and at or string.format('%.3f', at)  -- ms, maybe with us
-        out[o + 7] = tonumber(h.c) or 0
+        out[o + 6] = at % 1 == 0 and at or dq_ms(at)  -- ms, maybe with us
+        out[o + 7] = h.c or 0
         out[o + 8] = type(h.f) == 'string' and h.f or ''
         out[o + 9] = payload
         o = o + 9
@@ -82,10 +86,10 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         corrupt[#corrupt + 1] = id
       end
     end
-    -- Every new record is built before any task leaves the scheduled set.
+    -- Every task's claim is built before any task leaves the scheduled set.
     redis.call('ZREM', K.scheduled, unpack(ids))
     if n > 0 then
-      redis.call('HSET', K.tasks, unpack(records))
+      redis.call('HSET', K.attempts, unpack(claims))
       redis.call('ZADD', K.active, unpack(leases))
       -- Idle workers sleep until the earliest lease they know of; one that ends sooner
       -- (the first lease, or a shorter one) must reach them for its reaping to be on time.

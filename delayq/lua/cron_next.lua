@@ -6,6 +6,7 @@
 -- KEYS[3] tasks
 -- KEYS[4] stats
 -- KEYS[5] cron
+-- KEYS[6] attempts
 -- ARGV[1] now          ms, or "" for the server's TIME
 -- ARGV[2] channel      wake-up channel
 -- ARGV[3] name         the schedule
@@ -24,9 +25,8 @@
 local now = dq_now(A.now)
 local deadline = redis.call('ZSCORE', K.active, A.id)
 if not deadline or tonumber(deadline) < now then return 'lost' end
-local rec = redis.call('HGET', K.tasks, A.id)
-local h = rec and dq_split(rec)
-if not h or h.t ~= tonumber(A.token) then return 'lost' end
+local token = dq_attempt(K, A.id)
+if not token or token ~= tonumber(A.token) then return 'lost' end
 
 local m = dq_cron_meta(K.cron, A.name)
 if not m then

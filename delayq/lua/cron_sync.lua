@@ -5,6 +5,7 @@
 -- KEYS[3] tasks
 -- KEYS[4] errors
 -- KEYS[5] stats
+-- KEYS[6] attempts
 -- ARGV[1] channel    wake-up channel
 -- ARGV[2...] changes  7-tuples: name, expected metadata ("" = none stored), new metadata
 --                     ("" = delete), occurrence to cancel if waiting (""), occurrence to

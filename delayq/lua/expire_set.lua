@@ -5,6 +5,7 @@
 -- KEYS[3] errors
 -- KEYS[4] stats
 -- KEYS[5] xkeys
+-- KEYS[6] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] key        the watched key
@@ -20,8 +21,7 @@ local now = dq_now(A.now)
 local deadline = now + tonumber(A.ttl_ms)
 local old = redis.call('HGET', K.xkeys, A.key)
 if old and redis.call('ZREM', K.scheduled, old) == 1 then
-  redis.call('HDEL', K.tasks, old)
-  redis.call('HDEL', K.errors, old)
+  dq_forget(K, {old})
 end
 local old_head = dq_head(K.scheduled)
 local payload = '{"k":' .. cjson.encode(A.key) .. ',"v":' .. A.value .. ',"d":' .. deadline .. '}'

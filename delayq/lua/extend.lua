@@ -3,6 +3,7 @@
 -- KEYS[2] tasks
 -- KEYS[3] workers
 -- KEYS[4] workers_seen
+-- KEYS[5] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] lease_ms   new lease length from now
 -- ARGV[3] worker     the worker's id ("" = do not register)
@@ -15,7 +16,7 @@ local now = dq_now(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 local deadline = now + tonumber(A.lease_ms)
 local ids, tokens = dq_columns(REST, 2)
-local heads = dq_held(K, ids, tokens, now, false, true)
+local heads = dq_held(K, ids, tokens, now, false)
 local lost, scored = {}, {}
 for j, id in ipairs(ids) do
   if heads[j] then

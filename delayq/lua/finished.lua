@@ -2,6 +2,7 @@
 -- the dashboard's lateness chart is drawn from these.
 -- KEYS[1] done
 -- KEYS[2] tasks
+-- KEYS[3] attempts
 -- ARGV[1] limit      at most this many tasks
 -- Returns: flat triples, most recent first: kind ("?" if undecodable), due of the last run
 --          (ms, -1 if unknown), finish time (ms). Records already trimmed are skipped.
@@ -12,8 +13,11 @@ for i = 1, #done, 2 do
   local rec = redis.call('HGET', K.tasks, done[i])
   if rec then
     local h = dq_split(rec)
+    local d = h and h.d
+    local raw = redis.call('HGET', K.attempts, done[i])
+    if raw then d = select(3, dq_attempt_parse(raw)) end
     out[#out + 1] = (h and h.k) or '?'
-    out[#out + 1] = (h and tonumber(h.d)) or -1
+    out[#out + 1] = tonumber(d) or -1
     out[#out + 1] = done[i + 1]
   end
 end

@@ -5,14 +5,17 @@
 -- KEYS[4] done
 -- KEYS[5] tasks
 -- KEYS[6] errors
+-- KEYS[7] attempts
 -- ARGV[1] id
--- Returns: {state, score, record, last error or false} or false when the id is unknown.
+-- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
+--          <due>") or false} or false when the id is unknown.
 --          score: due time (scheduled), lease deadline (active), time of death or finish.
 local rec = redis.call('HGET', K.tasks, A.id)
 if not rec then return false end
 local err = redis.call('HGET', K.errors, A.id)
+local attempt = redis.call('HGET', K.attempts, A.id)
 for _, state in ipairs({'scheduled', 'active', 'dead', 'done'}) do
   local score = redis.call('ZSCORE', K[state], A.id)
-  if score then return {state, score, rec, err} end
+  if score then return {state, score, rec, err, attempt} end
 end
 return false

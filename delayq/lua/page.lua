@@ -3,10 +3,12 @@
 -- KEYS[2] active
 -- KEYS[3] tasks
 -- KEYS[4] errors
+-- KEYS[5] attempts
 -- ARGV[1] state      "scheduled" (by due time) or "active" (by lease deadline)
 -- ARGV[2] offset
 -- ARGV[3] limit
--- Returns: flat quadruples: id, score (ms), record (or false), last error (or false).
+-- Returns: flat quintuples: id, score (ms), record (or false), last error (or false),
+--          attempt state (or false: see get.lua).
 local set = K.scheduled
 if A.state == 'active' then set = K.active end
 local ids = redis.call('ZRANGE', set, tonumber(A.offset),
@@ -18,5 +20,6 @@ for i = 1, #ids, 2 do
   out[#out + 1] = ids[i + 1]
   out[#out + 1] = redis.call('HGET', K.tasks, id)
   out[#out + 1] = redis.call('HGET', K.errors, id)
+  out[#out + 1] = redis.call('HGET', K.attempts, id)
 end
 return out

@@ -5,6 +5,7 @@
 -- KEYS[2] active
 -- KEYS[3] tasks
 -- KEYS[4] stats
+-- KEYS[5] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3...] leases  triples: id, lease token, due ("" keeps the task's due time;
@@ -18,16 +19,12 @@ local min_due = false
 local refused = {}
 local n = 0
 local ids, tokens, dues = dq_columns(REST, 3)
-local heads, payloads = dq_held(K, ids, tokens, now, true)
+local held = dq_held(K, ids, tokens, now, true)
 for j, id in ipairs(ids) do
-  local h, new = heads[j], nil
-  if h then
-    h.a = math.max(h.a - 1, 0)
-    new = dq_join(h, payloads[j])
-  end
-  if new then
-    redis.call('HSET', K.tasks, id, new)
-    local due = tonumber(h.d) or now
+  if held[j] then
+    local t, a, d = dq_attempt(K, id)
+    redis.call('HSET', K.attempts, id, dq_attempt_text(t, math.max(a - 1, 0), d))
+    local due = d or now
     if dues[j] ~= '' then due = dq_due(dues[j], now) end
     min_due = dq_requeue(K, id, due, min_due)
     n = n + 1

@@ -3,6 +3,7 @@
 -- KEYS[2] dead
 -- KEYS[3] tasks
 -- KEYS[4] stats
+-- KEYS[5] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] limit      with no ids: replay at most this many, oldest first
@@ -19,16 +20,11 @@ local old_head = dq_head(K.scheduled)
 local n = 0
 for _, id in ipairs(ids) do
   local rec = redis.call('ZSCORE', K.dead, id) and redis.call('HGET', K.tasks, id)
-  local h, payload, new = nil, nil, nil
-  if rec then h, payload = dq_split(rec) end
-  if h then
-    h.a = 0
-    new = dq_join(h, payload)
-  end
   -- Nothing runnable to replay stays dead, evidence intact.
-  if new then
+  if rec and dq_split(rec) then
+    local t, _, d = dq_attempt(K, id)
     redis.call('ZREM', K.dead, id)
-    redis.call('HSET', K.tasks, id, new)
+    redis.call('HSET', K.attempts, id, dq_attempt_text(t, 0, d))
     redis.call('ZADD', K.scheduled, now, id)
     n = n + 1
   end

@@ -4,6 +4,7 @@
 -- KEYS[3] tasks
 -- KEYS[4] errors
 -- KEYS[5] stats
+-- KEYS[6] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error

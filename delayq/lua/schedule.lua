@@ -6,6 +6,7 @@
 -- KEYS[5] tasks
 -- KEYS[6] errors
 -- KEYS[7] stats
+-- KEYS[8] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
 -- ARGV[3] replace    "1": move a waiting task, re-create a done or dead one
@@ -29,8 +30,10 @@ local function enqueue(id, due)
   if not min_due or due < min_due then min_due = due end
 end
 
+-- A new incarnation of a known id: a new record, and its attempts start again from none.
 local function put(id, due, rec)
   redis.call('HSET', K.tasks, id, rec)
+  redis.call('HDEL', K.attempts, id)
   enqueue(id, due)
 end
 

@@ -25,7 +25,11 @@ local function dq_due(spec, now)
 end
 
 -- A record is "<json header>\n<payload>". Returns header table (nil if undecodable), payload.
--- A header with an infinite or NaN number counts as undecodable: it could not be written back.
+-- A header whose numbers are infinite or NaN counts as undecodable: no reply could carry them.
+local function dq_finite(v)
+  return v == nil or (v == v and v ~= math.huge and v ~= -math.huge)
+end
+
 local function dq_split(rec)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end
@@ -35,20 +39,57 @@ local function dq_split(rec)
   h.a = tonumber(h.a) or 0
   h.m = tonumber(h.m) or 0
   h.t = tonumber(h.t) or 0
-  for _, v in pairs(h) do
-    if type(v) == 'number' and (v ~= v or v == math.huge or v == -math.huge) then
-      return nil, payload
-    end
+  h.c = tonumber(h.c)
+  h.d = tonumber(h.d)
+  if not (dq_finite(h.a) and dq_finite(h.m) and dq_finite(h.t) and dq_finite(h.c)
+      and dq_finite(h.d)) then
+    return nil, payload
   end
   return h, payload
 end
 
--- The record for a changed header, or nil when it cannot be encoded (a value nested in the
--- header that cjson refuses). Callers encode before they move the task anywhere.
-local function dq_join(h, payload)
-  local ok, head = pcall(cjson.encode, h)
-  if not ok then return nil end
-  return head .. '\n' .. payload
+-- A time for a reply or a stored text: a whole ms as an integer, one with microseconds with
+-- three decimals (Lua's tostring keeps 14 digits and would round them away).
+local function dq_ms(x)
+  if x % 1 == 0 then return string.format('%d', x) end
+  return string.format('%.3f', x)
+end
+
+-- A task's attempt state: the lease token, attempt number and due time of its current or
+-- last claim, kept in the attempts hash as "<token> <attempt> <due>" apart from the record,
+-- so that a claim writes these few bytes instead of rewriting the record.
+local function dq_attempt_parse(raw)
+  local t, a, d = string.match(raw, '^(%d+) (%d+) ?(%S*)$')
+  return tonumber(t) or 0, tonumber(a) or 0, tonumber(d)
+end
+
+local function dq_attempt_text(t, a, d)
+  return string.format('%d %d ', t, a) .. (d and dq_ms(d) or '')
+end
+
+-- The attempt state of a task with no entry in the attempts hash: records claimed before
+-- that hash existed carry it in their header (t, a, d); a new one has none (0, 0, nil).
+-- nil when there is no record or its header cannot be decoded.
+local function dq_attempt_of_record(k, id)
+  local rec = redis.call('HGET', k.tasks, id)
+  local h = rec and dq_split(rec)
+  if not h then return nil end
+  return h.t, h.a, tonumber(h.d)
+end
+
+-- One task's attempt state: token, attempt, due (see dq_attempt_parse). k holds attempts
+-- and tasks.
+local function dq_attempt(k, id)
+  local raw = redis.call('HGET', k.attempts, id)
+  if raw then return dq_attempt_parse(raw) end
+  return dq_attempt_of_record(k, id)
+end
+
+-- Forget tasks: record, attempt state and last error. k holds tasks, attempts and errors.
+local function dq_forget(k, ids)
+  redis.call('HDEL', k.tasks, unpack(ids))
+  redis.call('HDEL', k.attempts, unpack(ids))
+  redis.call('HDEL', k.errors, unpack(ids))
 end
 
 -- Earliest due time in the scheduled set, or false when it is empty.

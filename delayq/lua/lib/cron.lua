@@ -29,8 +29,7 @@ end
 -- k holds scheduled, tasks, errors and stats.
 local function dq_cron_cancel(k, id)
   if redis.call('ZREM', k.scheduled, id) == 0 then return false end
-  redis.call('HDEL', k.tasks, id)
-  redis.call('HDEL', k.errors, id)
+  dq_forget(k, {id})
   redis.call('HINCRBY', k.stats, 'cancelled', 1)
   return true
 end

@@ -1,6 +1,6 @@
 -- Return tasks whose lease expired (their worker died or stalled) to the scheduled set,
 -- or to the dead set when the task's own attempt limit is spent. The attempt counts.
--- Needs: common. k holds active, scheduled, tasks, dead, errors, stats.
+-- Needs: common. k holds active, scheduled, tasks, attempts, dead, errors, stats.
 -- Returns the number of leases reaped and the earliest due time it scheduled (or false).
 local function dq_reap(k, now, limit)
   local ids = redis.call('ZRANGEBYSCORE', k.active, '-inf', now, 'LIMIT', 0, limit)
@@ -10,9 +10,12 @@ local function dq_reap(k, now, limit)
     local rec = redis.call('HGET', k.tasks, id)
     if rec then
       local h = dq_split(rec)
-      local what = 'lease expired during attempt ' .. tostring(h and h.a or '?') ..
+      local raw = redis.call('HGET', k.attempts, id)
+      local a = h and h.a
+      if raw then a = select(2, dq_attempt_parse(raw)) end
+      local what = 'lease expired during attempt ' .. tostring(a or '?') ..
         ' (the worker stopped, crashed or stalled past its lease)'
-      if h and h.m > 0 and h.a >= h.m then
+      if h and h.m > 0 and a >= h.m then
         dq_bury(k, id, now, what .. '; no attempts left')
       else
         redis.call('ZADD', k.scheduled, now, id)
