@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+
+from .timing import ms_to_datetime
 
 State = Literal["scheduled", "active", "done", "dead"]
 
 
-@dataclass
 class Task:
     """Handed to a handler: one attempt at running a task.
 
@@ -18,15 +19,54 @@ class Task:
     over): a long sync handler may check it to stop early, since its result will be refused.
     """
 
-    id: str
-    kind: str
-    payload: Any
-    attempt: int
-    max_attempts: int
-    due_at: datetime
-    queue: str
-    token: int = field(repr=False)
-    _lease_lost: threading.Event | None = field(default=None, repr=False, compare=False)
+    def __init__(
+        self,
+        id: str,
+        kind: str,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        due_at: datetime,
+        queue: str,
+        token: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.payload = payload
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self._due_at: datetime | None = due_at
+        self._due_ms = 0.0
+        self.queue = queue
+        self.token = token
+        self._lease_lost: threading.Event | None = None
+
+    @classmethod
+    def claimed(
+        cls,
+        id: str,
+        kind: str,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        due_ms: float,
+        queue: str,
+        token: int,
+    ) -> Task:
+        """A worker's task: ``due_at`` is made from ``due_ms`` when first read, since most
+        handlers never read it and a datetime costs about a microsecond per task."""
+        task = cls.__new__(cls)
+        task.id, task.kind, task.payload = id, kind, payload
+        task.attempt, task.max_attempts = attempt, max_attempts
+        task._due_at, task._due_ms = None, due_ms
+        task.queue, task.token, task._lease_lost = queue, token, None
+        return task
+
+    @property
+    def due_at(self) -> datetime:
+        if self._due_at is None:
+            self._due_at = ms_to_datetime(self._due_ms)
+        return self._due_at
 
     @property
     def lease_lost(self) -> threading.Event:
@@ -34,6 +74,29 @@ class Task:
         if self._lease_lost is None:
             self._lease_lost = threading.Event()
         return self._lease_lost
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (
+            self.id,
+            self.kind,
+            self.payload,
+            self.attempt,
+            self.max_attempts,
+            self.due_at,
+            self.queue,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Task):
+            return NotImplemented
+        return (*self._fields(), self.token) == (*other._fields(), other.token)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: compared by value, not hashed
+
+    def __repr__(self) -> str:
+        names = ("id", "kind", "payload", "attempt", "max_attempts", "due_at", "queue")
+        inner = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
+        return f"Task({inner})"
 
 
 @dataclass(frozen=True)

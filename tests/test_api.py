@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from delayq import AsyncQueue, InvalidTaskError, Queue, TaskSpec
+from delayq import AsyncQueue, InvalidTaskError, Queue, Task, TaskSpec
 from delayq.embedded import EmbeddedServer
 
 
@@ -166,3 +166,14 @@ def test_payload_round_trips_exactly(api: Any) -> None:
     }
     tid = api.schedule("k", payload, delay=60)
     assert api.get(tid).payload == payload
+
+
+def test_a_workers_task_reads_like_one_built_by_hand() -> None:
+    """Workers make ``due_at`` on first read (Task.claimed): it must not show."""
+    due = datetime(2026, 12, 1, 9, 30, 0, 123456, tzinfo=UTC)
+    lazy = Task.claimed("t1", "k", {"a": 1}, 2, 5, due.timestamp() * 1000, "q", 7)
+    built = Task("t1", "k", {"a": 1}, 2, 5, due, "q", 7)
+    assert lazy.due_at == due
+    assert lazy == built and repr(lazy) == repr(built)
+    assert "token" not in repr(lazy)  # a lease token is not for logs
+    assert lazy != Task.claimed("t1", "k", {"a": 1}, 2, 5, due.timestamp() * 1000, "q", 8)

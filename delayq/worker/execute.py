@@ -20,7 +20,7 @@ from ..codec import Codec, RecordError, decode_payload
 from ..errors import Defer, Discard, Fail, InvalidTaskError, Retry
 from ..leasing import Claimed
 from ..task import Task
-from ..timing import ms_to_datetime, seconds
+from ..timing import seconds
 from .events import EventName, Events, TaskEvent
 from .outcome import Outcome
 from .registry import Handler, Registry
@@ -44,15 +44,15 @@ def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
 def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
     """Decode the payload; raises RecordError for a payload no codec can read."""
     h = claimed.header
-    return Task(
-        id=claimed.id,
-        kind=h.kind,
-        payload=decode_payload(h, claimed.payload, codecs),
-        attempt=h.attempts,
-        max_attempts=h.max_attempts,
-        due_at=ms_to_datetime(h.due_ms if h.due_ms is not None else 0),
-        queue=queue,
-        token=h.token,
+    return Task.claimed(
+        claimed.id,
+        h.kind,
+        decode_payload(h, claimed.payload, codecs),
+        h.attempts,
+        h.max_attempts,
+        h.due_ms if h.due_ms is not None else 0,
+        queue,
+        h.token,
     )
 
 
