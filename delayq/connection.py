@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,11 +14,20 @@ import redis.asyncio.retry as aretry
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import SSLConnection
+from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from . import topology
 from .errors import ConfigurationError
+
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    import hiredis
+
+    _hiredis_pack = hiredis.pack_command
+except ImportError:  # hiredis is a dependency, but a client without it still works
+    _hiredis_pack = None
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 URL_ENV = ("DELAYQ_REDIS_URL", "REDIS_URL")
@@ -91,7 +100,33 @@ def async_client(url: str, *, retries: int = 0, **overrides: Any) -> aredis.Redi
             topology.parse(url), {**CLIENT_DEFAULTS, **retry}, **overrides
         )
         return client
-    return aredis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **retry, **overrides})
+    client = aredis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **retry, **overrides})
+    pool = client.connection_pool
+    pool.connection_class = hiredis_packing(pool.connection_class)
+    return client
+
+
+def hiredis_packing(cls: type[Any]) -> type[Any]:
+    """The connection class, packing commands with hiredis (C) when it can. redis-py's
+    asyncio connections pack in Python (its sync ones use hiredis already): an ack of 1,000
+    tasks took 1.09 us a task to pack that way and 0.16 with hiredis, the same bytes."""
+    if _hiredis_pack is None or getattr(cls, "_delayq_hiredis", False):
+        return cls
+    return type(cls.__name__, (cls,), {"pack_command": _pack_command, "_delayq_hiredis": True})
+
+
+def _pack_command(self: Any, *args: Any) -> list[bytes]:
+    # As redis-py's own HiredisRespSerializer: a command name may carry words ("SCRIPT LOAD").
+    assert _hiredis_pack is not None
+    if isinstance(args[0], str):
+        args = (*args[0].encode().split(), *args[1:])
+    elif b" " in args[0]:
+        args = (*args[0].split(), *args[1:])
+    args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+    try:
+        return [_hiredis_pack(args)]
+    except TypeError as e:
+        raise DataError(str(e)) from None
 
 
 def check_client(client: Any) -> None:
