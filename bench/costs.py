@@ -113,8 +113,10 @@ def worker_side(rep: Report, n: int) -> None:
     parse_us = (time.process_time() - t0) / 20_000 * 1e6
     from redis.asyncio.connection import Connection
 
+    from delayq.connection import hiredis_packing
+
     ack = _op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
-    conn = Connection()
+    conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     t0 = time.process_time()
     for _ in range(20):
         conn.pack_command("EVALSHA", ack.script.sha, len(ack.keys), *ack.keys, *ack.args)
