@@ -149,7 +149,9 @@ def with_attempt(header: Header, state: bytes | None) -> Header:
 
 def _as_int(value: Any) -> int:
     # cjson writes integers as floats only when they exceed 14 digits; accept both.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # (an int may be too big for one)
         raise ValueError(f"not a number: {value!r}")
     return int(value)
 

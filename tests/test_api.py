@@ -180,7 +180,7 @@ def test_a_workers_task_reads_like_one_built_by_hand() -> None:
 
 
 async def test_async_clients_pack_commands_with_hiredis_and_keep_redis_py_errors(
-    server: EmbeddedServer,
+    server: EmbeddedServer, qname: str
 ) -> None:
     """delayq's own asyncio clients pack with hiredis (connection.hiredis_packing): the same
     bytes, the same replies, and bad arguments still raise redis-py's DataError."""
@@ -197,9 +197,10 @@ async def test_async_clients_pack_commands_with_hiredis_and_keep_redis_py_errors
         packed = b"".join(cls().pack_command(*args))
         assert packed == b"".join(Connection().pack_command(*args))
         assert await client.execute_command("CONFIG GET", "maxmemory-policy")
-        await client.set("k", b"\x00\xff")
-        assert await client.get("k") == b"\x00\xff"
+        await client.set(qname, b"\x00\xff")
+        assert await client.get(qname) == b"\x00\xff"
         with pytest.raises(DataError):
-            await client.set("k", None)  # type: ignore[arg-type]
+            await client.set(qname, None)  # type: ignore[arg-type]
     finally:
+        await client.delete(qname)
         await client.aclose()

@@ -567,6 +567,34 @@ def test_claim_buries_a_header_with_a_number_out_of_range_and_loses_nothing(
     assert after.active == {"good": NOW + LEASE}
 
 
+def test_claim_decodes_each_header_right_when_tasks_share_their_fields(queue: Queue) -> None:
+    """claim decodes the fields before "c" once per call (dq_split_cached): tasks of other
+    kinds, limits and formats, and headers in another order, still read as written."""
+    r, k = queue.client, queue.core.keys
+    records = {
+        "a": encode_record("job", b"1", max_attempts=0, created_ms=5, fmt="json"),
+        "b": encode_record("job", b"2", max_attempts=0, created_ms=6, fmt="json"),
+        "c": encode_record("job", b"3", max_attempts=3, created_ms=7, fmt="json"),
+        "d": encode_record("other", b"4", max_attempts=0, created_ms=8, fmt="msgpack"),
+        "e": b'{"c":9,"m":2,"k":"job"}\n5',  # another writer's order
+        "f": b'{"k":"job","c":' + b"9" * 400 + b"}\n6",  # created beyond any double
+    }
+    seed(r, k, S(scheduled={i: NOW for i in records}, tasks=dict(records)))
+    got = SyncRunner(r).run(claim(queue.core, limit=10, lease_ms=LEASE, now_ms=NOW)).tasks
+    seen = {
+        t.id: (t.header.kind, t.header.max_attempts, t.header.fmt, t.header.created_ms, t.payload)
+        for t in got
+    }
+    assert seen == {
+        "a": ("job", 0, "json", 5, b"1"),
+        "b": ("job", 0, "json", 6, b"2"),
+        "c": ("job", 3, "json", 7, b"3"),
+        "d": ("other", 0, "msgpack", 8, b"4"),
+        "e": ("job", 2, "json", 9, b"5"),
+    }
+    assert read_state(r, k).dead == {"f": NOW}  # not a number a reply can carry: buried
+
+
 # -- ack ---------------------------------------------------------------------------------
 
 

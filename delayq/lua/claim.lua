@@ -55,10 +55,11 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
     local lease = tonumber(A.lease_ms)
     -- Tables grow by index counters (n, o): "#t + 1" costs a search on every insert.
     local claims, leases, corrupt, n, o = {}, {}, {}, 0, #out
+    local headers = {}  -- see dq_split_cached
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
-      local h, payload = nil, nil
-      if recs[j] then h, payload = dq_split(recs[j]) end
+      local h, payload, created = nil, nil, nil
+      if recs[j] then h, payload, created = dq_split_cached(recs[j], headers) end
       if h then
         -- The attempt count is the entry's, or an old record's header's (dq_attempt_of_record).
         local attempt = h.a
@@ -78,7 +79,7 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         out[o + 4] = h.m
         out[o + 5] = token
         out[o + 6] = at % 1 == 0 and at or dq_ms(at)  -- ms, maybe with us
-        out[o + 7] = h.c or 0
+        out[o + 7] = created or 0
         out[o + 8] = type(h.f) == 'string' and h.f or ''
         out[o + 9] = payload
         o = o + 9

@@ -48,6 +48,29 @@ local function dq_split(rec)
   return h, payload
 end
 
+-- dq_split for a claim's batch. A producer writes a header as '<fields>,"c":<created>}'
+-- (codec.record_prefix), and the fields before "c" (kind, max attempts, format) repeat across
+-- a queue's tasks: they are decoded once per call, in cache. The header returned is shared
+-- between tasks: read it, never change it. Returns header (nil if undecodable), payload,
+-- created (nil if unknown).
+local function dq_split_cached(rec, cache)
+  local nl = string.find(rec, '\n', 1, true)
+  if not nl then return nil, rec end
+  -- Greedy: the last ',"c":' of the line, which no JSON string can hold unescaped.
+  local pre, c = string.match(string.sub(rec, 1, nl - 1), '^(.*),"c":(%d+)}$')
+  if pre then
+    local h = cache[pre]
+    if h == nil then
+      h = dq_split(pre .. '}\n') or false
+      cache[pre] = h
+    end
+    local created = tonumber(c)
+    if h and dq_finite(created) then return h, string.sub(rec, nl + 1), created end
+  end
+  local h, payload = dq_split(rec)
+  return h, payload, h and h.c
+end
+
 -- A time for a reply or a stored text: a whole ms as an integer, one with microseconds with
 -- three decimals (Lua's tostring keeps 14 digits and would round them away).
 local function dq_ms(x)
