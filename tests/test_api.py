@@ -177,30 +177,3 @@ def test_a_workers_task_reads_like_one_built_by_hand() -> None:
     assert lazy == built and repr(lazy) == repr(built)
     assert "token" not in repr(lazy)  # a lease token is not for logs
     assert lazy != Task.claimed("t1", "k", {"a": 1}, 2, 5, due.timestamp() * 1000, "q", 8)
-
-
-async def test_async_clients_pack_commands_with_hiredis_and_keep_redis_py_errors(
-    server: EmbeddedServer, qname: str
-) -> None:
-    """delayq's own asyncio clients pack with hiredis (connection.hiredis_packing): the same
-    bytes, the same replies, and bad arguments still raise redis-py's DataError."""
-    from redis.asyncio.connection import Connection
-    from redis.exceptions import DataError
-
-    from delayq.connection import async_client
-
-    client = async_client(server.url)
-    try:
-        cls = client.connection_pool.connection_class
-        assert issubclass(cls, Connection) and cls is not Connection
-        args = ("EVALSHA", "a" * 40, 1, "k", "", 3600000, 1.5, "é", b"\x00\xff", 2**70)
-        packed = b"".join(cls().pack_command(*args))
-        assert packed == b"".join(Connection().pack_command(*args))
-        assert await client.execute_command("CONFIG GET", "maxmemory-policy")
-        await client.set(qname, b"\x00\xff")
-        assert await client.get(qname) == b"\x00\xff"
-        with pytest.raises(DataError):
-            await client.set(qname, None)  # type: ignore[arg-type]
-    finally:
-        await client.delete(qname)
-        await client.aclose()

@@ -152,3 +152,30 @@ def test_generated_ids_never_start_with_a_dash() -> None:
     assert not [i for i in ids if i.startswith("-")]
     assert len(set(ids)) == 20_000 and {len(i) for i in ids} == {16}
     assert sum(i.startswith("_") for i in ids) > 100  # the dash became an underscore
+
+
+async def test_async_clients_pack_commands_with_hiredis_and_keep_redis_py_errors(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """delayq's own asyncio clients pack with hiredis (connection.hiredis_packing): the same
+    bytes, the same replies, and bad arguments still raise redis-py's DataError."""
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from delayq.connection import async_client
+
+    client = async_client(server.url)
+    try:
+        cls = client.connection_pool.connection_class
+        assert issubclass(cls, Connection) and cls is not Connection
+        args = ("EVALSHA", "a" * 40, 1, "k", "", 3600000, 1.5, "é", b"\x00\xff", 2**70)
+        packed = b"".join(cls().pack_command(*args))
+        assert packed == b"".join(Connection().pack_command(*args))
+        assert await client.execute_command("CONFIG GET", "maxmemory-policy")
+        await client.set(qname, b"\x00\xff")
+        assert await client.get(qname) == b"\x00\xff"
+        with pytest.raises(DataError):
+            await client.set(qname, None)  # type: ignore[arg-type]
+    finally:
+        await client.delete(qname)
+        await client.aclose()
