@@ -1,16 +1,19 @@
 """Payload codecs and the task record format. Pure: no I/O.
 
-A record is one string in the queue's ``tasks`` hash::
+A record is one string in the queue's ``tasks`` hash, written once by the producer::
 
-    {"k":"order.close","a":0,"m":5,"t":0,"c":1732900000000}\n<encoded payload>
+    {"k":"order.close","m":5,"c":1732900000000}\n<encoded payload>
 
-The JSON header holds what the Lua scripts read and change (short keys keep a waiting
-task small); the payload after the first newline is opaque to the scripts, so a float or a
-big integer inside it is never re-encoded by Lua's cjson. Header keys:
+The JSON header holds what the Lua scripts read (short keys keep a waiting task small); the
+payload after the first newline is opaque to the scripts, so a float or a big integer inside
+it is never re-encoded by Lua's cjson. Header keys:
 
-    k  kind                  a  attempts started        m  max attempts (0: handler's)
-    t  lease token (fencing) c  created (ms)            d  due time of the current run (ms)
+    k  kind                  m  max attempts (0: handler's)    c  created (ms)
     f  payload format (absent for JSON)
+
+What changes with every claim (lease token, attempt number, due time of the current run) is
+kept apart, in the ``attempts`` hash (see QueueKeys.attempts and :func:`with_attempt`).
+Records claimed by versions before that hash carry it in the header as ``t``, ``a``, ``d``.
 """
 
 from __future__ import annotations
@@ -140,10 +143,12 @@ def with_attempt(header: Header, state: bytes | None) -> Header:
         return header
     try:
         token, attempt, due = state.split(b" ")
-        header.token, header.attempts = int(token), int(attempt)
-        header.due_ms = (float(due) if b"." in due else int(due)) if due else None
+        t, a = int(token), int(attempt)
+        d: float | None = float(due) if due else None
     except ValueError:
-        pass  # an unreadable entry shows the header's own fields
+        return header  # an unreadable entry shows the header's own fields
+    header.token, header.attempts = t, a
+    header.due_ms = int(d) if d is not None and d.is_integer() else d
     return header
 
 

@@ -19,6 +19,8 @@ class Task:
     over): a long sync handler may check it to stop early, since its result will be refused.
     """
 
+    __match_args__ = ("id", "kind", "payload", "attempt", "max_attempts", "due_at", "queue")
+
     def __init__(
         self,
         id: str,
@@ -67,6 +69,10 @@ class Task:
         if self._due_at is None:
             self._due_at = ms_to_datetime(self._due_ms)
         return self._due_at
+
+    @due_at.setter
+    def due_at(self, value: datetime) -> None:
+        self._due_at = value
 
     @property
     def lease_lost(self) -> threading.Event:

@@ -177,3 +177,11 @@ def test_a_workers_task_reads_like_one_built_by_hand() -> None:
     assert lazy == built and repr(lazy) == repr(built)
     assert "token" not in repr(lazy)  # a lease token is not for logs
     assert lazy != Task.claimed("t1", "k", {"a": 1}, 2, 5, due.timestamp() * 1000, "q", 8)
+    match lazy:
+        case Task("t1", "k", {"a": 1}, 2, 5, when):
+            assert when == due
+        case _:
+            pytest.fail("a Task matches by position as the dataclass it was did")
+    later = due + timedelta(seconds=1)
+    lazy.due_at = later
+    assert lazy.due_at == later

@@ -520,7 +520,7 @@ def test_schedule_creates_replaces_or_keeps_by_current_state(queue: Queue, case:
             ),
         ),
         Case(
-            "a non-ASCII kind survives claim's header rewrite",
+            "a non-ASCII kind survives claim's header decoding",
             S(scheduled={"a": NOW}, tasks={"a": T(kind="commande.créée/✓😀")}),
             claim_op(),
             (NOW, None, NOW + LEASE, [("a", T(kind="commande.créée/✓😀", a=1, t=1, d=NOW))]),
@@ -552,9 +552,11 @@ def test_claim_tokens_increase_across_calls(queue: Queue) -> None:
 CREATED_INF = pytest.param(b'{"k":"job","a":0,"m":0,"t":0,"c":1e999}\n{}', id="created-1e999")
 MAX_NAN = pytest.param(b'{"k":"job","a":0,"m":"nan","t":0}\n{}', id="max-attempts-nan")
 ATTEMPTS_INF = pytest.param(b'{"k":"job","a":"inf","m":0,"t":0}\n{}', id="attempts-inf")
+# An integer no double holds exactly: written back with %d it would not read again.
+ATTEMPTS_HUGE = pytest.param(b'{"k":"job","a":100000000000000000}\n{}', id="attempts-1e17")
 
 
-@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, ATTEMPTS_INF])
+@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, ATTEMPTS_INF, ATTEMPTS_HUGE])
 def test_claim_buries_a_header_with_a_number_out_of_range_and_loses_nothing(
     queue: Queue, record: bytes
 ) -> None:
@@ -1008,8 +1010,8 @@ def test_replay_reschedules_dead_tasks_with_fresh_attempts(queue: Queue, case: C
     check(queue, case)
 
 
-@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN])  # replay resets "a" itself
-def test_replay_never_loses_a_dead_task_it_cannot_rewrite(queue: Queue, record: bytes) -> None:
+@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN])  # replay sets "a" itself
+def test_replay_never_loses_a_dead_task_it_cannot_read(queue: Queue, record: bytes) -> None:
     r, k = queue.client, queue.core.keys
     seed(r, k, S(dead={"bad": NOW - 100}, tasks={"bad": record}))
     SyncRunner(r).run(queue.core.replay(["bad"], now_ms=NOW))
@@ -1256,6 +1258,17 @@ def test_get_shows_the_attempt_of_a_record_claimed_before_the_attempts_hash(
     info = SyncRunner(r).run(queue.core.get("a"))
     assert info is not None and (info.attempts, info.max_attempts) == (3, 3)
     assert info.due_at == ms_to_datetime(NOW - 5_000)
+
+
+def test_a_new_task_never_inherits_an_attempt_state_left_behind(queue: Queue) -> None:
+    """Scripts of earlier versions delete records but know no attempts hash, so an entry can
+    outlive its record: a task created with that id again starts from no attempts."""
+    r, k = queue.client, queue.core.keys
+    r.hset(k.attempts, "a", b"7 3 1")  # an orphan
+    SyncRunner(r).run(statuses(queue.core.schedule([spec("a", m=3, delay=0)], now_ms=NOW)))
+    assert r.hexists(k.attempts, "a") == 0
+    (held,) = SyncRunner(r).run(claim(queue.core, limit=1, lease_ms=LEASE, now_ms=NOW)).tasks
+    assert held.header.attempts == 1
 
 
 def test_claims_leave_the_record_as_it_was_written(queue: Queue) -> None:

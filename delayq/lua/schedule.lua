@@ -24,6 +24,7 @@ local old_head = dq_head(K.scheduled)
 local min_due = false
 local created = 0
 local out = {}
+local fresh = {}  -- ids new to the queue
 
 local function enqueue(id, due)
   redis.call('ZADD', K.scheduled, due, id)
@@ -43,6 +44,7 @@ for i = REST, #ARGV, 3 do
   if redis.call('HSETNX', K.tasks, id, rec) == 1 then
     -- Every known task has a record, so no record means a new id: the common, cheap case.
     enqueue(id, due); status = 1
+    fresh[#fresh + 1] = id
   elseif redis.call('ZSCORE', K.active, id) then
     status = 0
   elseif redis.call('ZSCORE', K.scheduled, id) then
@@ -67,6 +69,11 @@ for i = REST, #ARGV, 3 do
   end
   if status > 0 then created = created + 1 end
   out[#out + 1] = status
+end
+-- A new id has no attempt state, unless a script of an earlier version deleted its record
+-- and left the entry (they knew no attempts hash): a new task must not inherit it.
+for i = 1, #fresh, 1000 do
+  redis.call('HDEL', K.attempts, unpack(fresh, i, math.min(i + 999, #fresh)))
 end
 if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)

@@ -24,12 +24,14 @@ local function dq_due(spec, now)
   return tonumber(spec)
 end
 
--- A record is "<json header>\n<payload>". Returns header table (nil if undecodable), payload.
--- A header whose numbers are infinite or NaN counts as undecodable: no reply could carry them.
+-- Whether a header's number can be carried by a reply and written as an integer (%d): not
+-- NaN, and within the doubles that hold every integer exactly (2^53).
 local function dq_finite(v)
-  return v == nil or (v == v and v ~= math.huge and v ~= -math.huge)
+  return v == nil or (v == v and v < 9007199254740992 and v > -9007199254740992)
 end
 
+-- A record is "<json header>\n<payload>". Returns header table (nil if undecodable), payload.
+-- A header with a number dq_finite refuses counts as undecodable.
 local function dq_split(rec)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end

@@ -15,9 +15,10 @@ local function dq_cron_save(key, name, m)
 end
 
 -- Create an occurrence unless its id is already known (deterministic ids: once, however many
--- workers try). k holds tasks, scheduled and stats. Returns true if it was created.
+-- workers try). k holds tasks, attempts, scheduled and stats. Returns true if it was created.
 local function dq_cron_put(k, id, due, rec, channel)
   if redis.call('HSETNX', k.tasks, id, rec) == 0 then return false end
+  redis.call('HDEL', k.attempts, id)  -- as in schedule.lua: a new task has no attempts yet
   local old_head = dq_head(k.scheduled)
   redis.call('ZADD', k.scheduled, due, id)
   redis.call('HINCRBY', k.stats, 'scheduled', 1)
@@ -26,7 +27,7 @@ local function dq_cron_put(k, id, due, rec, channel)
 end
 
 -- Remove an occurrence that is still waiting (a running one is left to finish).
--- k holds scheduled, tasks, errors and stats.
+-- k holds scheduled, tasks, attempts, errors and stats.
 local function dq_cron_cancel(k, id)
   if redis.call('ZREM', k.scheduled, id) == 0 then return false end
   dq_forget(k, {id})
