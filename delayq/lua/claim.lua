@@ -22,7 +22,7 @@
 --          as a string. The header's fields come decoded, so the worker parses no JSON but
 --          the payload's. A record whose header cannot be decoded goes to the dead set.
 -- The record is not rewritten: the attempt's token, number and due time go to the attempts
--- hash (dq_attempt_parse), a few bytes per task.
+-- hash (dq_attempt_text), a few bytes per task.
 --@include common
 --@include reap
 local now, now_us = dq_now_us(A.now)
@@ -63,13 +63,11 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
       if h then
         -- The attempt count is the entry's, or an old record's header's (dq_attempt_of_record).
         local attempt = h.a
-        if states[j] then
-          attempt = tonumber(string.match(states[j], '^%d+ (%d+)')) or 0
-        end
+        if states[j] then attempt = dq_attempt_count(states[j]) end
         token = token + 1
         attempt = attempt + 1
         claims[n + 1] = id
-        claims[n + 2] = string.format('%d %d %s', token, attempt, due[2 * j])  -- dq_attempt_parse
+        claims[n + 2] = dq_attempt_text(token, attempt, due[2 * j])
         leases[n + 1] = math.max(now, at) + lease
         leases[n + 2] = id
         n = n + 2

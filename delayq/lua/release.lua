@@ -23,7 +23,7 @@ local held = dq_held(K, ids, tokens, now, true)
 for j, id in ipairs(ids) do
   if held[j] then
     local t, a, d = dq_attempt(K, id)
-    redis.call('HSET', K.attempts, id, dq_attempt_text(t, math.max(a - 1, 0), d))
+    redis.call('HSET', K.attempts, id, dq_attempt_text(t, math.max(a - 1, 0), d and dq_ms(d) or ''))
     local due = d or now
     if dues[j] ~= '' then due = dq_due(dues[j], now) end
     min_due = dq_requeue(K, id, due, min_due)

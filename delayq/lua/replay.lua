@@ -21,10 +21,11 @@ local n = 0
 for _, id in ipairs(ids) do
   local rec = redis.call('ZSCORE', K.dead, id) and redis.call('HGET', K.tasks, id)
   -- Nothing runnable to replay stays dead, evidence intact.
-  if rec and dq_split(rec) then
-    local t, _, d = dq_attempt(K, id)
+  local h = rec and dq_split(rec)
+  if h then
+    local t, _, d = dq_attempt(K, id, h)
     redis.call('ZREM', K.dead, id)
-    redis.call('HSET', K.attempts, id, dq_attempt_text(t, 0, d))
+    redis.call('HSET', K.attempts, id, dq_attempt_text(t, 0, d and dq_ms(d) or ''))
     redis.call('ZADD', K.scheduled, now, id)
     n = n + 1
   end

@@ -82,32 +82,46 @@ end
 
 -- A task's attempt state: the lease token, attempt number and due time of its current or
 -- last claim, kept in the attempts hash as "<token> <attempt> <due>" apart from the record,
--- so that a claim writes these few bytes instead of rewriting the record.
+-- so that a claim writes these few bytes instead of rewriting the record. Only these
+-- functions read or write that text.
 local function dq_attempt_parse(raw)
   local t, a, d = string.match(raw, '^(%d+) (%d+) ?(%S*)$')
   return tonumber(t) or 0, tonumber(a) or 0, tonumber(d)
 end
 
-local function dq_attempt_text(t, a, d)
-  return string.format('%d %d ', t, a) .. (d and dq_ms(d) or '')
+-- The token alone (fencing) and the attempt alone (claim): one short match each.
+local function dq_attempt_token(raw)
+  return tonumber(string.match(raw, '^%d+'))
+end
+
+local function dq_attempt_count(raw)
+  return tonumber(string.match(raw, '^%d+ (%d+)')) or 0
+end
+
+-- due: the due time as text (a score as Redis returns it, or dq_ms of a number; '' if none).
+local function dq_attempt_text(t, a, due)
+  return string.format('%d %d %s', t, a, due)
 end
 
 -- The attempt state of a task with no entry in the attempts hash: records claimed before
 -- that hash existed carry it in their header (t, a, d); a new one has none (0, 0, nil).
--- nil when there is no record or its header cannot be decoded.
-local function dq_attempt_of_record(k, id)
-  local rec = redis.call('HGET', k.tasks, id)
-  local h = rec and dq_split(rec)
+-- h: the record's header when the caller has decoded it (false: it cannot be), nil to read
+-- it here. nil when there is no record or its header cannot be decoded.
+local function dq_attempt_of_record(k, id, h)
+  if h == nil then
+    local rec = redis.call('HGET', k.tasks, id)
+    h = rec and dq_split(rec)
+  end
   if not h then return nil end
-  return h.t, h.a, tonumber(h.d)
+  return h.t, h.a, h.d
 end
 
--- One task's attempt state: token, attempt, due (see dq_attempt_parse). k holds attempts
--- and tasks.
-local function dq_attempt(k, id)
+-- One task's attempt state: token, attempt, due (see dq_attempt_parse); h as for
+-- dq_attempt_of_record. k holds attempts and tasks.
+local function dq_attempt(k, id, h)
   local raw = redis.call('HGET', k.attempts, id)
   if raw then return dq_attempt_parse(raw) end
-  return dq_attempt_of_record(k, id)
+  return dq_attempt_of_record(k, id, h)
 end
 
 -- Forget tasks: record, attempt state and last error. k holds tasks, attempts and errors.

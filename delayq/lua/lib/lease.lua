@@ -14,11 +14,7 @@ local function dq_held(k, ids, tokens, now, consumes)
     local h = false
     if deadlines[j] and tonumber(deadlines[j]) >= now then
       local t
-      if states[j] then
-        t = tonumber(string.match(states[j], '^%d+'))
-      else
-        t = dq_attempt_of_record(k, ids[j])
-      end
+      if states[j] then t = dq_attempt_token(states[j]) else t = dq_attempt_of_record(k, ids[j]) end
       h = t ~= nil and t == tonumber(tokens[j])
       if h and consumes then
         if seen[ids[j]] then h = false end

@@ -10,9 +10,7 @@ local function dq_reap(k, now, limit)
     local rec = redis.call('HGET', k.tasks, id)
     if rec then
       local h = dq_split(rec)
-      local raw = redis.call('HGET', k.attempts, id)
-      local a = h and h.a
-      if raw then a = select(2, dq_attempt_parse(raw)) end
+      local _, a = dq_attempt(k, id, h or false)
       local what = 'lease expired during attempt ' .. tostring(a or '?') ..
         ' (the worker stopped, crashed or stalled past its lease)'
       if h and h.m > 0 and a >= h.m then
