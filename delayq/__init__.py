@@ -13,9 +13,10 @@ from .errors import (
     PayloadTooLarge,
     Retry,
     ScriptError,
+    WorkerFailed,
 )
 from .queue import AsyncQueue, Queue
-from .task import QueueStats, Task, TaskInfo
+from .task import QueueStats, Scheduled, Task, TaskInfo
 from .worker import Worker
 from .worker.events import TaskEvent
 from .worker.expiry import Expired
@@ -37,10 +38,12 @@ __all__ = [
     "Queue",
     "QueueStats",
     "Retry",
+    "Scheduled",
     "ScriptError",
     "Task",
     "TaskEvent",
     "TaskInfo",
     "TaskSpec",
     "Worker",
+    "WorkerFailed",
 ]

@@ -87,6 +87,7 @@ def worker(
 ) -> None:
     """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
     from .worker import Worker
+    from .worker.supervise import WorkerFailed
 
     _logging(log_level)
     with ExitStack() as stack:
@@ -112,7 +113,10 @@ def worker(
                 ) from None
             stack.callback(metrics.stop)
             click.echo(f"metrics on http://{metrics_host}:{metrics.port}/metrics", err=True)
-        obj.run()
+        try:
+            obj.run()
+        except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
+            raise click.ClickException(str(e)) from None
 
 
 @main.command()

@@ -55,7 +55,14 @@ class JsonCodec:
                 f"payload is not JSON-serialisable ({e}); pass dicts, lists, strings, "
                 "finite numbers, booleans and None, or convert the value first"
             ) from None
-        return text.encode("utf-8")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidTaskError(
+                f"payload is not valid Unicode text: a string in it holds the lone surrogate "
+                f"{text[e.start]!r} (often a file name decoded with os.fsdecode); pass text "
+                "that encodes as UTF-8, e.g. decode the bytes with errors='replace'"
+            ) from None
 
     def decode(self, data: bytes) -> Any:
         try:

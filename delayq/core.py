@@ -30,7 +30,8 @@ from .codec import (
 from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from .scripts import SCRIPTS, Arg, Script
-from .task import QueueStats, State, TaskInfo, WorkerInfo
+from .task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
+from .text import check as check_text
 from .timing import Duration, due_spec, ms_to_datetime, seconds
 
 T = TypeVar("T")
@@ -38,6 +39,9 @@ T = TypeVar("T")
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
 MAX_ID_LEN = 256
 MAX_KIND_LEN = 200
+# Attempts are counted in Lua numbers (doubles) and shown to people: a limit beyond this is
+# a mistake, not a policy (at one attempt a second it is 11 days of retries).
+MAX_ATTEMPTS = 1_000_000
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 
 
@@ -99,7 +103,7 @@ def validate_task_id(task_id: Any) -> str:
         )
     if any(ord(c) < 32 for c in task_id):
         raise InvalidTaskError(f"task_id {task_id!r} contains control characters")
-    return task_id
+    return check_text(task_id, "task_id")
 
 
 def validate_kind(kind: Any) -> str:
@@ -109,12 +113,16 @@ def validate_kind(kind: Any) -> str:
         )
     if any(ord(c) < 32 for c in kind):
         raise InvalidTaskError(f"kind {kind!r} contains control characters")
-    return kind
+    return check_text(kind, "kind")
 
 
-def _validate_max_attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidTaskError(f"max_attempts must be a whole number >= 0, got {value!r}")
+def validate_max_attempts(value: Any) -> int:
+    """0 (the handler's limit) or 1 .. MAX_ATTEMPTS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ATTEMPTS:
+        raise InvalidTaskError(
+            f"max_attempts must be a whole number from 0 (the handler's limit) to "
+            f"{MAX_ATTEMPTS:,}, got {value!r}"
+        )
     return value
 
 
@@ -177,7 +185,7 @@ class QueueCore:
         prefix = self._prefixes.get((kind, max_attempts))
         if prefix is None:
             validate_kind(kind)
-            _validate_max_attempts(max_attempts)
+            validate_max_attempts(max_attempts)
             if len(self._prefixes) > 1000:
                 self._prefixes.clear()
             prefix = record_prefix(kind, max_attempts=max_attempts, fmt=self.codec.name)
@@ -209,7 +217,15 @@ class QueueCore:
         durable: bool = False,
         now_ms: int | None = None,
     ) -> Op[list[str]]:
+        """Parses to a :class:`Scheduled` per task, or to the bare ids when there is no
+        reply (a round trip that failed: ConnectionFailed lists them as unconfirmed)."""
         ids, rest = self.encode_tasks(specs)
+
+        def parse(reply: Any) -> list[str]:
+            if reply is None:
+                return ids
+            return [Scheduled.from_reply(i, code) for i, code in zip(ids, reply, strict=True)]
+
         return self.op(
             "schedule",
             {
@@ -220,7 +236,7 @@ class QueueCore:
                 "durable": "1" if durable else "0",
             },
             rest,
-            lambda _reply: ids,
+            parse,
         )
 
     def cancel(self, task_id: str) -> Op[bool]:

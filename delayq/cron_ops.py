@@ -20,6 +20,7 @@ from typing import Any
 from .core import Op, QueueCore, TaskSpec, _now_arg
 from .cron import KIND_PREFIX, CronTiming, Decision, Schedule
 from .scripts import Arg
+from .text import escape
 from .timing import ms_to_datetime
 
 READ_LIMIT = 10_000  # schedules per queue read in one call
@@ -131,7 +132,7 @@ def outcomes(
     core: QueueCore, items: Sequence[tuple[str, str, str, str]], *, now_ms: int | None = None
 ) -> Op[int]:
     """items: (schedule name, occurrence id, status, error)."""
-    rest: list[Arg] = [x for n, i, s, e in items for x in (n, i, s, e[:ERROR_CHARS])]
+    rest: list[Arg] = [x for n, i, s, e in items for x in (n, i, s, escape(e, ERROR_CHARS))]
     return core.op(
         "cron_outcome", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, rest, int
     )

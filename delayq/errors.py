@@ -57,6 +57,11 @@ class LeaseLost(DelayqError):
     """The worker no longer holds the task's lease: it expired or was taken over."""
 
 
+class WorkerFailed(DelayqError):
+    """A background loop of the worker kept failing, and the worker stopped. The message
+    names the loop and its last error; the log has every traceback."""
+
+
 class ServerNotFound(DelayqError):
     """No Redis/Valkey server binary was found to start an embedded server."""
 

@@ -13,6 +13,7 @@ from typing import Any
 from .codec import Header
 from .core import Op, QueueCore, _now_arg
 from .scripts import Arg
+from .text import escape
 
 Lease = tuple[str, int]
 
@@ -132,17 +133,19 @@ def ack(
 def retry(
     core: QueueCore, items: Sequence[tuple[str, int, str, str]], *, now_ms: int | None = None
 ) -> Op[list[str]]:
-    """items: (id, token, due spec, error text)."""
+    """items: (id, token, due spec, error text); the text is escaped (text.escape)."""
+    rest: list[Arg] = [x for i, t, d, e in items for x in (i, t, d, escape(e))]
     return core.op(
-        "retry", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(items), _ids
+        "retry", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, rest, _ids
     )
 
 
 def bury(
     core: QueueCore, items: Sequence[tuple[str, int, str]], *, now_ms: int | None = None
 ) -> Op[list[str]]:
-    """items: (id, token, reason)."""
-    return core.op("bury", {"now": _now_arg(now_ms)}, _flat(items), _ids)
+    """items: (id, token, reason); the reason is escaped (text.escape)."""
+    rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
+    return core.op("bury", {"now": _now_arg(now_ms)}, rest, _ids)
 
 
 def release(

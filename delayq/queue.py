@@ -34,7 +34,7 @@ from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
 from .runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
 from .shards import Shards, add_stats, merge_dead
-from .task import QueueStats, TaskInfo, WorkerInfo
+from .task import QueueStats, Scheduled, TaskInfo, WorkerInfo
 from .timing import Duration, seconds
 
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class _Base(Generic[C]):
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
-    ) -> Plan[list[str]]:
+    ) -> Plan[list[Scheduled]]:
         ids, ops = self._schedule_ops(tasks, replace, durable)
         yield from self._check_shards_plan()
         done: list[str] = []
@@ -208,10 +208,11 @@ class _Base(Generic[C]):
                 raise err.partial(done, [i for op in group for i in op.parse(None)]) from None
             for reply in replies:
                 done.extend(reply)
-        return ids
+        by_id = {str(s): s for s in done if isinstance(s, Scheduled)}
+        return [by_id[i] for i in ids]
 
-    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[str]:
-        ids, ops = self._schedule_ops(
+    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[Scheduled]:
+        _, ops = self._schedule_ops(
             [_spec(kind, payload, options)],
             options.get("replace", False),
             options.get("durable", False),
@@ -219,10 +220,10 @@ class _Base(Generic[C]):
         yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None
         if wait is None:
-            yield ("run", ops[0])
+            reply: list[Scheduled] = yield ("run", ops[0])
         else:
-            yield from batch_plan(ops, wait)
-        return ids[0]
+            (reply,) = yield from batch_plan(ops, wait)
+        return reply[0]
 
     def _of(self, task_id: str) -> QueueCore:
         return self.shards.of(validate_task_id(task_id))
@@ -298,12 +299,18 @@ class Queue(_Base[redis.Redis]):
     def _runner(self) -> SyncRunner:
         return SyncRunner(self.client)
 
-    def schedule(self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]) -> str:
+    def schedule(
+        self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
+    ) -> Scheduled:
         """Schedule ``kind`` with ``payload`` after ``delay`` seconds or ``at`` a time.
 
-        Returns the task id. An id already waiting, running, finished within the dedupe
-        window, or dead is left unchanged unless ``replace=True``. With ``durable=True`` it
-        returns only once the server's AOF is fsynced (DurabilityError otherwise).
+        Returns the task id, a :class:`Scheduled` (a ``str``) whose ``.status`` says what
+        happened: ``created``, ``replaced``, ``unchanged`` or ``running``. An id already
+        waiting, running, finished within the dedupe window, or dead is left unchanged
+        unless ``replace=True``, which moves a waiting task (keeping the attempts it has
+        made) and re-creates a finished or dead one; a running task is never replaced, and
+        its status is then ``running``. With ``durable=True`` it returns only once the
+        server's AOF is fsynced (DurabilityError otherwise).
         """
         return self._runner.drive(self._schedule_plan(kind, payload, options))
 
@@ -313,8 +320,9 @@ class Queue(_Base[redis.Redis]):
         *,
         replace: bool = False,
         durable: bool = False,
-    ) -> list[str]:
-        """Schedule many tasks in a few round trips; all are validated before any is sent."""
+    ) -> list[Scheduled]:
+        """Schedule many tasks in a few round trips; all are validated before any is sent.
+        Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`)."""
         return self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:
@@ -378,7 +386,7 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
-    ) -> str:
+    ) -> Scheduled:
         return await self._runner.drive(self._schedule_plan(kind, payload, options))
 
     async def schedule_many(
@@ -387,7 +395,7 @@ class AsyncQueue(_Base[aredis.Redis]):
         *,
         replace: bool = False,
         durable: bool = False,
-    ) -> list[str]:
+    ) -> list[Scheduled]:
         return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:

@@ -105,6 +105,52 @@ class Task:
         return f"Task({inner})"
 
 
+ScheduleStatus = Literal["created", "replaced", "unchanged", "running"]
+_STATUSES: dict[int, ScheduleStatus] = {
+    0: "unchanged",
+    1: "created",
+    2: "replaced",
+    3: "running",
+}
+
+
+class Scheduled(str):
+    """What ``schedule`` returns: the task's id (a ``str``, usable wherever the id is), and
+    what the call did to it in ``.status``:
+
+    - ``"created"``: a new task (or an id whose dedupe window had passed);
+    - ``"replaced"``: ``replace=True`` moved a waiting task (its attempts so far are kept)
+      or re-created a finished or dead one;
+    - ``"unchanged"``: the id was already waiting, running, finished within the dedupe
+      window, or dead, and ``replace`` was not asked for;
+    - ``"running"``: ``replace=True`` was asked for, but the task is running and a running
+      task is never replaced: nothing changed.
+    """
+
+    status: ScheduleStatus
+
+    def __new__(cls, task_id: str, status: ScheduleStatus) -> Scheduled:
+        obj = super().__new__(cls, task_id)
+        obj.status = status
+        return obj
+
+    @classmethod
+    def from_reply(cls, task_id: str, code: Any) -> Scheduled:
+        """From schedule.lua's status code for the task."""
+        return cls(task_id, _STATUSES[int(code)])
+
+    @property
+    def created(self) -> bool:
+        return self.status == "created"
+
+    @property
+    def replaced(self) -> bool:
+        return self.status == "replaced"
+
+    def __repr__(self) -> str:
+        return f"Scheduled({str(self)!r}, status={self.status!r})"
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it."""

@@ -7,8 +7,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from delayq import ConfigurationError, InvalidTaskError, PayloadTooLarge, Queue
+from delayq import ConfigurationError, InvalidTaskError, PayloadTooLarge, Queue, TaskSpec
+from delayq.backoff import MAX_BACKOFF_S, delay_for, validate_backoff
 from delayq.embedded import EmbeddedServer
+from delayq.worker.registry import make_handler
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,13 @@ from delayq.embedded import EmbeddedServer
         ({"task_id": "a\nb"}, "control characters"),
         ({"kind": ""}, "kind must be"),
         ({"max_attempts": -1}, "max_attempts"),
+        # Issue 15, finding 10: accepted, then buried as corrupt (or a raw UnicodeEncodeError).
+        ({"max_attempts": 2**70}, "max_attempts must be a whole number from 0"),
+        ({"max_attempts": 1_000_001}, "to 1,000,000"),
+        ({"kind": "report.\udcff"}, "kind 'report.\\\\udcff' is not valid Unicode text"),
+        ({"task_id": "file:\udcff.csv"}, "task_id .* lone surrogate"),
+        ({"payload": {"path": "/data/\udcff.csv"}}, "payload is not valid Unicode text"),
+        ({"payload": ["\ud800"]}, "lone surrogate"),
     ],
 )
 def test_bad_task_is_refused_before_anything_is_written(
@@ -45,6 +54,31 @@ def test_bad_task_is_refused_before_anything_is_written(
     with pytest.raises(InvalidTaskError, match=message):
         queue.schedule(kind, payload, **kwargs)  # type: ignore[arg-type]
     assert queue.client.exists(queue.core.keys.tasks, queue.core.keys.scheduled) == 0
+
+
+def test_lone_surrogates_are_refused_in_every_schedule_path(queue: Queue) -> None:
+    """schedule_many and the msgpack codec check the same way, and nothing is written."""
+    with pytest.raises(InvalidTaskError, match="lone surrogate"):
+        queue.schedule_many([{"kind": "k", "task_id": "fine"}, {"kind": "k\udcff"}])
+    with pytest.raises(InvalidTaskError, match="lone surrogate"):
+        queue.schedule_many([TaskSpec("k", {"name": "\udcff"})])
+    assert queue.client.exists(queue.core.keys.tasks, queue.core.keys.scheduled) == 0
+
+
+def test_backoff_is_capped_and_a_broken_backoff_function_is_named() -> None:
+    """What a backoff function returns is bounded: 2**n at attempt 40 is not a retry in
+    35,000 years but MAX_BACKOFF_S; a function returning a non-number is refused."""
+    assert delay_for(40, lambda n: 2**n, 0.0) == MAX_BACKOFF_S
+    assert delay_for(5000, lambda n: 2**n, 0.0) == MAX_BACKOFF_S  # beyond a float's range
+    assert delay_for(3, lambda n: math.inf, 0.0) == MAX_BACKOFF_S
+    assert delay_for(1, [10.0], 1.0, rand=lambda: 0.999) < 20.0
+    for bad in (math.nan, -1, "10", None):
+        with pytest.raises(InvalidTaskError, match="backoff function returned"):
+            delay_for(1, lambda n, bad=bad: bad, 0.0)  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match="backoff must be"):
+        validate_backoff([1.0, math.inf])
+    with pytest.raises(ConfigurationError, match=r"from 1 to 1,000,000"):
+        make_handler("k", lambda task: None, max_attempts=2**70)
 
 
 def test_payload_limit_is_configurable(server: EmbeddedServer, qname: str) -> None:

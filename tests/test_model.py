@@ -124,7 +124,11 @@ class Model:
         if old is None:
             status = 1
         elif old.state == "scheduled" and replace:
-            status = 2  # a new incarnation: the old last error goes too
+            # Moved: a new record and due time; the attempts made and the last error stay.
+            fresh.a, fresh.t, fresh.d, fresh.error = old.a, old.t, old.d, old.error
+            status = 2
+        elif old.state == "active" and replace:
+            return 3  # running: never replaced, and the caller is told
         elif old.state == "done" and (replace or old.score < self.now - DEDUPE_MS):
             status = 2 if replace else 1
         elif old.state == "dead" and replace:
@@ -251,8 +255,8 @@ class QueueMachine(RuleBasedStateMachine):
         op = self.core.schedule(specs, replace=replace, now_ms=now)
         statuses = self.run(dataclasses.replace(op, parse=lambda reply: reply))
         want = [model.schedule(i, due, m, str(self.serial).encode(), replace) for i in ids]
-        assert [int(s) for s in statuses] == want, "created 1 / replaced 2 / unchanged 0"
-        model.bump("scheduled", sum(1 for s in want if s))
+        assert [int(s) for s in statuses] == want, "created 1, replaced 2, unchanged 0, running 3"
+        model.bump("scheduled", sum(1 for s in want if s in (1, 2)))
 
     def do_claim(self, limit: int, lease_ms: int, lookahead: int) -> list[tuple[str, int]]:
         m = self.model

@@ -453,6 +453,8 @@ def test_handler_registration_errors() -> None:
         w.handler("b", backoff=[])(lambda t: None)
     with pytest.raises(ConfigurationError, match="concurrency"):
         Worker(q, concurrency=0)
+    with pytest.raises(ConfigurationError, match="from 1 to 10,000"):
+        Worker(q, concurrency=10**9)  # would start a billion threads
     with pytest.raises(ConfigurationError, match="lease"):
         Worker(q, lease=0.1)
 

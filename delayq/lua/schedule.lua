@@ -9,13 +9,15 @@
 -- KEYS[8] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
--- ARGV[3] replace    "1": move a waiting task, re-create a done or dead one
+-- ARGV[3] replace    "1": move a waiting task (its attempts so far kept), re-create a done or
+--                    dead one
 -- ARGV[4] channel    wake-up channel
 -- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
 --                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
 -- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
---          done within the dedupe window, or dead).
+--          done within the dedupe window, or dead), 3 not replaced because it is running
+--          (only with replace "1": a running task is never replaced).
 --@include common
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
@@ -38,6 +40,21 @@ local function put(id, due, rec)
   enqueue(id, due)
 end
 
+-- A waiting task replaced: a new record and due time, but the attempts it has made (and
+-- its last error) stay, so a producer that always replaces cannot keep a failing task from
+-- dying. A record claimed before the attempts hash existed holds them in its header: they
+-- move to an entry before the record is overwritten.
+local function move(id, due, rec)
+  if redis.call('HEXISTS', K.attempts, id) == 0 then
+    local t, a, d = dq_attempt_of_record(K, id)
+    if a and a > 0 then
+      redis.call('HSET', K.attempts, id, dq_attempt_text(t or 0, a, d and dq_ms(d) or ''))
+    end
+  end
+  redis.call('HSET', K.tasks, id, rec)
+  enqueue(id, due)
+end
+
 for i = REST, #ARGV, 3 do
   local id, due, rec = ARGV[i], dq_due(ARGV[i + 1], now), ARGV[i + 2]
   local status = 0
@@ -46,11 +63,10 @@ for i = REST, #ARGV, 3 do
     enqueue(id, due); status = 1
     fresh[#fresh + 1] = id
   elseif redis.call('ZSCORE', K.active, id) then
-    status = 0
+    if replace then status = 3 end  -- never replaced; the caller is told
   elseif redis.call('ZSCORE', K.scheduled, id) then
     if replace then
-      redis.call('HDEL', K.errors, id)  -- a new incarnation starts with a clean slate
-      put(id, due, rec); status = 2
+      move(id, due, rec); status = 2
     end
   else
     local finished = redis.call('ZSCORE', K.done, id)
@@ -67,7 +83,7 @@ for i = REST, #ARGV, 3 do
       put(id, due, rec); status = 1
     end
   end
-  if status > 0 then created = created + 1 end
+  if status == 1 or status == 2 then created = created + 1 end
   out[#out + 1] = status
 end
 -- A new id has no attempt state, unless a script of an earlier version deleted its record

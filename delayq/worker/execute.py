@@ -32,13 +32,24 @@ OnDead = Callable[[Task | None, str, str], Awaitable[None]]
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
-    delay = delay_for(attempt, h.backoff, h.jitter)
+    try:
+        delay = delay_for(attempt, h.backoff, h.jitter)
+    except Exception as e:  # the handler's backoff function is broken: not the task's fault
+        delay = delay_for(attempt)
+        log.warning("%s: backoff of %r failed (%r); using the default", h.kind, h.fn, e)
     if requested is not None:
         try:
             delay = seconds(requested, "Retry(after=...)")
         except InvalidTaskError as e:  # the handler's mistake must not wedge the task
             log.warning("%s; using the handler's backoff (%.1f s) instead", e, delay)
     return "+" + str(round(delay * 1000))
+
+
+def _cancelled_by_us() -> bool:
+    """Whether the task running this attempt was cancelled (shutdown, a lost lease, a
+    timeout), as opposed to a handler raising CancelledError of its own accord."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
 
 
 def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
@@ -120,18 +131,22 @@ class Executor:
                 await handler.fn(task)  # the usual case, one coroutine frame fewer
             else:
                 await self._call(handler, task)
-        except asyncio.CancelledError:
-            if task.lease_lost.is_set():
-                self._emit("lease_lost", claimed, duration=time.perf_counter() - t0)
-            raise
-        except Exception as e:
+        except asyncio.CancelledError as e:
+            if _cancelled_by_us():
+                if task.lease_lost.is_set():
+                    self._emit("lease_lost", claimed, duration=time.perf_counter() - t0)
+                raise
+            # The handler raised it itself (nobody cancelled the task it runs in): a failed
+            # attempt like any other, or it would be handed back and run again forever.
+            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+        except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         if self.events.listeners:
             self._emit("succeeded", claimed, duration=time.perf_counter() - t0)
         return Outcome("ack", task.id, task.token)
 
     async def _failed(
-        self, handler: Handler, task: Task, claimed: Claimed, e: Exception, duration: float
+        self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
     ) -> Outcome:
         """Decide what an exception from the handler means (see the module docstring)."""
         if isinstance(e, Defer):

@@ -27,7 +27,7 @@ import asyncio
 import fnmatch
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -159,11 +159,12 @@ class ExpiryWatcher:
         waker.extra[self.channel_for(client)] = self.on_message
         waker.on_subscribed.append(self.on_subscribed)
 
-    def start(self) -> list[asyncio.Task[None]]:
-        """The bell's own loops (Redis Cluster only); the worker cancels them on exit."""
+    def loops(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """The bell's own loops (Redis Cluster only), by name; the worker runs them under
+        supervision and cancels them on exit."""
         if self.bells is None:
             return []
-        return [asyncio.get_running_loop().create_task(self.bells.run(), name="delayq-bells")]
+        return [("bells", self.bells.run)]
 
     @staticmethod
     def channel_for(client: Any) -> str:

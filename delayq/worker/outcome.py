@@ -9,11 +9,14 @@ from typing import Literal, NamedTuple
 
 from .. import leasing
 from ..core import Op, QueueCore
-from ..errors import DelayqError
+from ..errors import ConnectionFailed, DelayqError
 from ..runner import AsyncRunner
 from ..shards import Shards
 
 log = logging.getLogger("delayq.worker")
+
+# A write the server refuses this many times in a row is taken apart (see Finisher).
+REFUSALS_BEFORE_ALONE = 3
 
 Action = Literal["ack", "discard", "retry", "bury", "release"]
 
@@ -39,10 +42,19 @@ def _op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
     return leasing.release(core, leases, dues=[o.due for o in items])
 
 
+def _ours(e: BaseException) -> bool:
+    """An error delayq expects (a script refused, say), not a bug that needs a traceback."""
+    return isinstance(e, DelayqError)
+
+
 class Finisher:
     """Writes outcomes in batches: one round trip carries every result that finished while
     the previous one was in flight, so a busy worker acks thousands of tasks per call while
-    an idle one acks each at once. A failed write is kept and tried again, never dropped.
+    an idle one acks each at once. A write that fails for want of Redis is kept and tried
+    again, never dropped. One that fails for any other reason (a result the server or the
+    client refuses: a bug) must not hold up the others: the batch is written a result at a
+    time, and a result that cannot be written even alone is given up (``on_dropped``). Its
+    lease is no longer extended, so the task runs again once the lease ends.
     """
 
     def __init__(
@@ -50,10 +62,12 @@ class Finisher:
         shards: Shards,
         runner: AsyncRunner,
         on_written: Callable[[list[Outcome], set[str]], None],
+        on_dropped: Callable[[list[Outcome]], None] = lambda outcomes: None,
     ) -> None:
         self.shards = shards
         self.runner = runner
         self.on_written = on_written
+        self.on_dropped = on_dropped
         self._pending: list[Outcome] = []
         self._event = asyncio.Event()
         self._idle = asyncio.Event()
@@ -85,6 +99,7 @@ class Finisher:
 
     async def run(self) -> None:
         delay = 0.1
+        refusals = 0  # writes in a row the server refused (not for want of a connection)
         while True:
             await self._event.wait()
             self._event.clear()
@@ -94,18 +109,56 @@ class Finisher:
                 continue
             try:
                 replies = await self.runner.run_many(self._ops(batch))
-            except DelayqError as e:
-                log.warning("could not write %d task results, retrying: %s", len(batch), e)
+            except Exception as e:
                 self._pending = batch + self._pending
+                # Refused a few times in a row (not an out-of-memory or a busy server that
+                # passes): one result in the batch may be what is wrong with it.
+                refused_now = not isinstance(e, ConnectionFailed)
+                refusals = refusals + 1 if refused_now else 0
+                if refused_now and (refusals >= REFUSALS_BEFORE_ALONE or not _ours(e)):
+                    log.error(
+                        "could not write %d task results (%s); writing them one by one",
+                        len(batch),
+                        e,
+                        exc_info=not _ours(e),
+                    )
+                    refusals = 0
+                    await self._one_by_one(len(batch))
+                    continue
+                log.warning("could not write %d task results, retrying: %s", len(batch), e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 self._event.set()
                 continue
-            delay = 0.1
+            delay, refusals = 0.1, 0
             refused = {tid for reply in replies for tid in reply}
             self.on_written(batch, refused)
             if not self._pending:
                 self._idle.set()
+
+    async def _one_by_one(self, n: int) -> None:
+        """Write the first ``n`` pending results each on its own. One whose write fails for
+        want of a connection stays pending; one refused for any other reason is given up."""
+        batch, self._pending = self._pending[:n], self._pending[n:]
+        kept: list[Outcome] = []
+        for outcome in batch:
+            try:
+                replies = await self.runner.run_many(self._ops([outcome]))
+            except ConnectionFailed:
+                kept.append(outcome)  # Redis went away meanwhile: tried again by run()
+                continue
+            except Exception:
+                log.exception(
+                    "could not write result %r of task %s; giving it up: the task runs again "
+                    "once its lease ends",
+                    outcome.action,
+                    outcome.id,
+                )
+                self.on_dropped([outcome])
+                continue
+            self.on_written([outcome], {tid for reply in replies for tid in reply})
+        self._pending = kept + self._pending
+        self._event.set()
 
     def flush_now(self) -> None:
         self._event.set()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
-from ..core import validate_kind
+from ..core import MAX_ATTEMPTS, validate_kind
 from ..errors import ConfigurationError
 from ..timing import Duration, seconds
 
@@ -44,9 +44,14 @@ def make_handler(
     validate_kind(kind)
     if not callable(fn):
         raise ConfigurationError(f"handler for {kind!r} is not callable: {fn!r}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
+    ):
         raise ConfigurationError(
-            f"max_attempts for {kind!r} must be an int >= 1, got {max_attempts!r}"
+            f"max_attempts for {kind!r} must be an int from 1 to {MAX_ATTEMPTS:,}, "
+            f"got {max_attempts!r}"
         )
     if not 0 <= jitter <= 1:
         raise ConfigurationError(f"jitter for {kind!r} must be between 0 and 1, got {jitter!r}")

@@ -79,7 +79,9 @@ class Runs:
         self.concurrency = concurrency  # None: a slot for every run
         self.lookahead = lookahead
         self.by_id: dict[str, Run] = {}  # the current run of each task held
-        self.leases: dict[str, int] = {}  # id -> token: what the heartbeat extends
+        # id -> token: what the heartbeat extends. A run leaves it once its outcome is handed
+        # to the Finisher: a lease is never extended for a result that cannot be written.
+        self.leases: dict[str, int] = {}
         self.running: set[Run] = set()  # handlers executing, superseded ones included
         self.queued: deque[Run] = deque()  # claimed ahead, waiting for a slot
         self.busy = 0  # slots taken: claimed and not finished
@@ -255,6 +257,8 @@ class Runs:
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
         run.finishing = True
+        if self.by_id.get(run.claimed.id) is run:
+            self.leases.pop(run.claimed.id, None)
         self.finisher.add(outcome)
 
     def written(self, outcomes: list[Outcome], refused: set[str]) -> None:
@@ -263,7 +267,7 @@ class Runs:
             run = self.by_id.get(o.id)
             if run is not None and run.claimed.token == o.token:
                 del self.by_id[o.id]
-                del self.leases[o.id]
+                self.leases.pop(o.id, None)
             if o.id in refused:
                 log.warning(
                     "result %r of task %s was refused: the lease was lost (expired or taken "
@@ -271,6 +275,15 @@ class Runs:
                     o.action,
                     o.id,
                 )
+
+    def dropped(self, outcomes: list[Outcome]) -> None:
+        """The Finisher's callback: these results could not be written and were given up.
+        Their leases end on their own (they are not extended), and the tasks run again."""
+        for o in outcomes:
+            run = self.by_id.get(o.id)
+            if run is not None and run.claimed.token == o.token:
+                del self.by_id[o.id]
+                self.leases.pop(o.id, None)
 
     def leases_lost(self, lost: list[tuple[str, int]]) -> None:
         """The heartbeat's callback: these leases (id, token) are no longer ours. Matched by
@@ -286,7 +299,7 @@ class Runs:
         run.lost = True
         if self.by_id.get(tid) is run:
             del self.by_id[tid]
-            del self.leases[tid]
+            self.leases.pop(tid, None)
         if run.task is not None:
             run.task.lease_lost.set()
         if run.timer is not None:

@@ -1,8 +1,9 @@
 """The worker: claims due tasks, starts each on time, and writes what became of it.
 
 Loops, each an asyncio task with one job: the claim loop (below), the wake-up listener
-(waker.py), the lease heartbeat (heartbeat.py) and the result writer (outcome.py). Async
-handlers run on the event loop; sync handlers in a bounded thread pool.
+(waker.py), the lease heartbeat (heartbeat.py) and the result writer (outcome.py), all
+under supervision (supervise.py). Async handlers run on the event loop; sync handlers in a
+bounded thread pool.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .heartbeat import Heartbeat
 from .outcome import Finisher
 from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
 from .runs import Runs
+from .supervise import Supervisor
 from .threads import HandlerThreads
 from .waker import Waker
 
@@ -53,6 +55,8 @@ REGISTER_EVERY_S = 5.0
 # An unchanged registration is sent as "" (one ZADD); the whole of it at least this often.
 REREGISTER_EVERY_S = 60.0
 WORKER_SOCKET_TIMEOUT_S = 5.0
+# One handler thread per slot is started up front: beyond this, more processes serve better.
+MAX_CONCURRENCY = 10_000
 
 
 def interleave(batches: list[list[Claimed]]) -> list[Claimed]:
@@ -88,8 +92,15 @@ class Worker:
         client: Any = None,
         configure_notifications: bool = True,
     ) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
+            raise ConfigurationError(
+                f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,} (it is also the "
+                f"number of handler threads), got {concurrency!r}"
+            )
         self.queue = queue
         self.core = queue.core
         self.concurrency = concurrency
@@ -107,6 +118,8 @@ class Worker:
         self.clock = ServerClock()
         self.events = Events()
         self.expiry = ExpiryWatcher(self, configure=configure_notifications)
+        # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
+        self.supervisor = Supervisor(lambda failed: self._begin_stop())
         self.startup: list[Callable[[Worker], Awaitable[None]]] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
@@ -272,7 +285,12 @@ class Worker:
             tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
         )
         self.expiry.attach(client, self.waker)  # the bell: the waker's channel, or per primary
-        self.finisher = Finisher(shards, self.runner, lambda o, r: self.runs.written(o, r))
+        self.finisher = Finisher(
+            shards,
+            self.runner,
+            lambda o, r: self.runs.written(o, r),
+            lambda o: self.runs.dropped(o),
+        )
         self.executor = Executor(
             self.registry,
             self.core.name,
@@ -302,18 +320,19 @@ class Worker:
         )
         if install_signals:
             self._install_signals(loop)
+        supervise = self.supervisor.start
         loops = [
-            asyncio.create_task(self.waker.run(), name="delayq-waker"),
-            asyncio.create_task(self.finisher.run(), name="delayq-finisher"),
-            asyncio.create_task(self.heartbeat.run(), name="delayq-heartbeat"),
-            *self.expiry.start(),
+            supervise("waker", self.waker.run),
+            supervise("finisher", self.finisher.run),
+            supervise("heartbeat", self.heartbeat.run),
+            *(supervise(name, loop) for name, loop in self.expiry.loops()),
         ]
         for hook in self.startup:
             try:
                 await hook(self)
             except Exception:
                 log.exception("start-up hook %r failed; serving anyway", hook)
-        claim_loop = asyncio.create_task(self._claim_loop(lease_ms), name="delayq-claim")
+        claim_loop = supervise("claim", functools.partial(self._claim_loop, lease_ms))
         if self._stop_requested.is_set():
             self._begin_stop()
         log.info(
@@ -339,6 +358,8 @@ class Worker:
             if self._client_arg is None:
                 await client.aclose()
             log.info("worker on queue %r stopped", self.core.name)
+        if self.supervisor.failed is not None:
+            raise self.supervisor.failed
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_signal() -> None:

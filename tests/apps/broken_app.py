@@ -1,0 +1,24 @@
+"""A worker whose claim loop cannot work: its registration (which rides on every claim
+now and then) raises. Run as ``python -m delayq worker tests.apps.broken_app:worker``;
+configured by DQ_QUEUE and DELAYQ_REDIS_URL."""
+
+from __future__ import annotations
+
+import os
+
+from delayq import Queue, Task, Worker
+
+
+class BrokenWorker(Worker):
+    def registration(self) -> str:
+        raise RuntimeError("registration is broken (on purpose, for the test)")
+
+
+worker = BrokenWorker(Queue(os.environ.get("DQ_QUEUE", "broken")))
+worker.supervisor.max_failures = 3
+worker.supervisor.max_delay = 0.2
+
+
+@worker.handler("k")
+def k(task: Task) -> None:
+    return None
