@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .codec import JsonCodec, encode_payload, record_prefix
 from .core import Op, QueueCore, new_task_id
 from .errors import InvalidTaskError
+from .scripts import Arg
 from .timing import Duration, ms_to_datetime, seconds
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ def _header() -> bytes:
     )
 
 
+def _now(now_ms: int | None) -> int | str:
+    return "" if now_ms is None else now_ms
+
+
 def task_id_for(key: str) -> str:
     """Each set of a key gets its own task, so a new set never disturbs a firing one."""
     return f"x:{new_task_id()}:{key}"
@@ -69,11 +74,13 @@ def task_id_for(key: str) -> str:
 # -- builders (pure) ---------------------------------------------------------------------
 
 
-def set_op(core: QueueCore, key: str, value: bytes, ttl: Duration) -> Op[int]:
+def set_op(
+    core: QueueCore, key: str, value: bytes, ttl: Duration, *, now_ms: int | None = None
+) -> Op[int]:
     return core.op(
         "expire_set",
         {
-            "now": "",
+            "now": _now(now_ms),
             "channel": core.keys.wake_channel,
             "key": validate_key(key),
             "id": task_id_for(key),
@@ -86,13 +93,14 @@ def set_op(core: QueueCore, key: str, value: bytes, ttl: Duration) -> Op[int]:
     )
 
 
-def touch_op(core: QueueCore, key: str, ttl: Duration) -> Op[int]:
-    args = {"now": "", "channel": core.keys.wake_channel, "key": validate_key(key)}
+def touch_op(core: QueueCore, key: str, ttl: Duration, *, now_ms: int | None = None) -> Op[int]:
+    args = {"now": _now(now_ms), "channel": core.keys.wake_channel, "key": validate_key(key)}
     return core.op("expire_touch", {**args, "ttl_ms": _ttl_ms(ttl)}, [], int)
 
 
-def delete_op(core: QueueCore, key: str) -> Op[bool]:
-    return core.op("expire_delete", {"key": validate_key(key)}, [], lambda r: int(r) == 1)
+def delete_op(core: QueueCore, key: str, *, now_ms: int | None = None) -> Op[bool]:
+    args: dict[str, Arg] = {"now": _now(now_ms), "key": validate_key(key)}
+    return core.op("expire_delete", args, [], lambda r: int(r) == 1)
 
 
 def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = None) -> Op[int]:
@@ -104,7 +112,7 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
     return core.op(
         "expire_notice",
         {
-            "now": "" if now_ms is None else now_ms,
+            "now": _now(now_ms),
             "channel": core.keys.wake_channel,
             "key": key,
             "id": task_id_for(key),
@@ -117,12 +125,33 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
     )
 
 
-def forget_op(core: QueueCore, key: str, task_id: str) -> Op[bool]:
+# What expire_confirm answers a worker about to deliver a watched key's expiry.
+LOST, EARLY, CURRENT, MOVED = "lost", "early", "current", "moved"
+
+
+def confirm_op(
+    core: QueueCore, key: str, task_id: str, token: int, *, now_ms: int | None = None
+) -> Op[tuple[str, int]]:
+    """Before a callback (or a re-arm): is this claim still the key's expiry to deliver?
+    ``(LOST, 0)`` revoked or lease gone; ``(EARLY, ms)`` the deadline is ``ms`` away on the
+    server's clock; ``(CURRENT, 0)`` still the key's task; ``(MOVED, 0)`` the key was set
+    again after this expiry happened."""
+
+    def parse(reply: Any) -> tuple[str, int]:
+        status, ms = reply
+        return (status.decode() if isinstance(status, bytes) else str(status)), int(ms)
+
+    args: dict[str, Arg] = {"now": _now(now_ms), "key": key, "id": task_id, "token": token}
+    return core.op("expire_confirm", args, [], parse)
+
+
+def delivered_op(core: QueueCore, key: str) -> Op[int]:
+    """After a watched key's callback succeeded: shut its gate (see expire_delivered.lua)."""
     return core.op(
-        "expire_forget",
-        {"key": key, "id": task_id, "gate_ms": FOREIGN_GATE_MS},
+        "expire_delivered",
+        {"gate_ms": FOREIGN_GATE_MS},
         [],
-        lambda r: int(r) == 1,
+        int,
         dynamic={"gate": core.keys.expire_gate(key)},
     )
 
