@@ -12,6 +12,9 @@ them never loses an expiry: ``set`` records first (a crash leaves a record whose
 never written: its callback still fires, at the deadline); ``touch`` moves the record first,
 then the key's TTL (a crash leaves the record later than the key: the bell, or the check at
 the record's deadline, fires it); ``delete`` drops the record first, then the key.
+
+An expiry that happened is always delivered: ``set``, ``touch`` and ``delete`` change only a
+key whose deadline is still ahead and never attempted (docs/expiring.md, "The lifecycle").
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def _now(now_ms: int | None) -> int | str:
 
 
 def task_id_for(key: str) -> str:
-    """Each set of a key gets its own task, so a new set never disturbs a firing one."""
+    """Each set of a key gets its own task, so a new set never disturbs a firing one. The
+    scripts read the key back from the id (lua/lib/expire.lua): ids have no ':'."""
     return f"x:{new_task_id()}:{key}"
 
 
@@ -180,14 +184,16 @@ class Expiring:
         return ms_to_datetime(deadline)
 
     def touch(self, key: str, ttl: Duration) -> bool:
-        """Give a watched key a new TTL; False if it is not watched, gone or already firing."""
+        """Give a watched key a new TTL; False if it is not watched or has expired (its
+        callback then runs as it would have)."""
         deadline = self._queue._runner.run(touch_op(self._queue.core, key, ttl))
         if deadline < 0:
             return False
         return bool(self._queue.client.pexpireat(key, deadline))
 
     def delete(self, key: str) -> bool:
-        """Delete a watched key without a callback; True if its expiry was still pending."""
+        """Delete a watched key without a callback; True if it had not expired. An expiry
+        that happened (waiting, running or retrying) is still delivered: False."""
         cancelled = self._queue._runner.run(delete_op(self._queue.core, key))
         self._queue.client.delete(key)
         return cancelled
