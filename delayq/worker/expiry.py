@@ -38,7 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import expiring
 from ..connection import describe
-from ..errors import Defer, DelayqError, Discard, Fail
+from ..errors import ConnectionFailed, Defer, DelayqError, Discard, Fail
 from ..runner import is_cluster
 from ..task import Task
 from ..timing import ms_to_datetime
@@ -55,6 +55,7 @@ PERSISTED_RECHECK_MS = 3_600_000  # a key made persistent by other code: look ag
 NOTICE_BATCH = 200
 SHORT_WAIT_MS = 5
 CONFIRM_TRIES = 3  # an early check waits for the deadline at most this often
+CONFIRM_RETRY_MS = 250  # the confirm could not reach the server: look again this soon
 
 Via = Literal["timer", "notification", "scan"]
 ExpireFn = Callable[["Expired"], Any]
@@ -146,9 +147,15 @@ class ExpiryWatcher:
             if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
                 await asyncio.sleep((pttl + 1) / 1000)
                 pttl = await client.pttl(key)
-            status, wait_ms = await self.worker.runner.run(
-                expiring.confirm_op(core, key, task.id, task.token)
-            )
+            try:
+                status, wait_ms = await self.worker.runner.run(
+                    expiring.confirm_op(core, key, task.id, task.token)
+                )
+            except ConnectionFailed as e:
+                # A failover or a reconnect: look again shortly, without using an attempt
+                # (the callback has not run).
+                log.info("could not confirm the expiry of %r (%s); looking again", key, e)
+                raise Defer(CONFIRM_RETRY_MS) from e
             if status == expiring.LOST:
                 raise Discard(f"the expiry of {key!r} was superseded before its deadline")
             if status == expiring.MOVED:
