@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from redis.exceptions import ClusterDownError, RedisError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import expiring
@@ -143,10 +143,14 @@ class ExpiryWatcher:
         client = self.worker.runner.client
         core = self.worker.core
         for _ in range(CONFIRM_TRIES):
-            pttl = await client.pttl(key)
-            if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
-                await asyncio.sleep((pttl + 1) / 1000)
+            try:
                 pttl = await client.pttl(key)
+                if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
+                    await asyncio.sleep((pttl + 1) / 1000)
+                    pttl = await client.pttl(key)
+            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as e:
+                log.info("could not read the TTL of %r (%s); looking again", key, e)
+                raise Defer(CONFIRM_RETRY_MS) from e
             try:
                 status, wait_ms = await self.worker.runner.run(
                     expiring.confirm_op(core, key, task.id, task.token)
