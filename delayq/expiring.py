@@ -12,6 +12,9 @@ them never loses an expiry: ``set`` records first (a crash leaves a record whose
 never written: its callback still fires, at the deadline); ``touch`` moves the record first,
 then the key's TTL (a crash leaves the record later than the key: the bell, or the check at
 the record's deadline, fires it); ``delete`` drops the record first, then the key.
+
+An expiry that happened is always delivered: ``set``, ``touch`` and ``delete`` change only a
+key whose deadline is still ahead and never attempted (docs/expiring.md, "The lifecycle").
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .codec import JsonCodec, encode_payload, record_prefix
 from .core import Op, QueueCore, new_task_id
 from .errors import InvalidTaskError
+from .scripts import Arg
 from .timing import Duration, ms_to_datetime, seconds
 
 if TYPE_CHECKING:
@@ -61,19 +65,26 @@ def _header() -> bytes:
     )
 
 
+def _now(now_ms: int | None) -> int | str:
+    return "" if now_ms is None else now_ms
+
+
 def task_id_for(key: str) -> str:
-    """Each set of a key gets its own task, so a new set never disturbs a firing one."""
+    """Each set of a key gets its own task, so a new set never disturbs a firing one. The
+    scripts read the key back from the id (lua/lib/expire.lua): ids have no ':'."""
     return f"x:{new_task_id()}:{key}"
 
 
 # -- builders (pure) ---------------------------------------------------------------------
 
 
-def set_op(core: QueueCore, key: str, value: bytes, ttl: Duration) -> Op[int]:
+def set_op(
+    core: QueueCore, key: str, value: bytes, ttl: Duration, *, now_ms: int | None = None
+) -> Op[int]:
     return core.op(
         "expire_set",
         {
-            "now": "",
+            "now": _now(now_ms),
             "channel": core.keys.wake_channel,
             "key": validate_key(key),
             "id": task_id_for(key),
@@ -86,13 +97,14 @@ def set_op(core: QueueCore, key: str, value: bytes, ttl: Duration) -> Op[int]:
     )
 
 
-def touch_op(core: QueueCore, key: str, ttl: Duration) -> Op[int]:
-    args = {"now": "", "channel": core.keys.wake_channel, "key": validate_key(key)}
+def touch_op(core: QueueCore, key: str, ttl: Duration, *, now_ms: int | None = None) -> Op[int]:
+    args = {"now": _now(now_ms), "channel": core.keys.wake_channel, "key": validate_key(key)}
     return core.op("expire_touch", {**args, "ttl_ms": _ttl_ms(ttl)}, [], int)
 
 
-def delete_op(core: QueueCore, key: str) -> Op[bool]:
-    return core.op("expire_delete", {"key": validate_key(key)}, [], lambda r: int(r) == 1)
+def delete_op(core: QueueCore, key: str, *, now_ms: int | None = None) -> Op[bool]:
+    args: dict[str, Arg] = {"now": _now(now_ms), "key": validate_key(key)}
+    return core.op("expire_delete", args, [], lambda r: int(r) == 1)
 
 
 def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = None) -> Op[int]:
@@ -104,7 +116,7 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
     return core.op(
         "expire_notice",
         {
-            "now": "" if now_ms is None else now_ms,
+            "now": _now(now_ms),
             "channel": core.keys.wake_channel,
             "key": key,
             "id": task_id_for(key),
@@ -117,12 +129,33 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
     )
 
 
-def forget_op(core: QueueCore, key: str, task_id: str) -> Op[bool]:
+# What expire_confirm answers a worker about to deliver a watched key's expiry.
+LOST, EARLY, CURRENT, MOVED = "lost", "early", "current", "moved"
+
+
+def confirm_op(
+    core: QueueCore, key: str, task_id: str, token: int, *, now_ms: int | None = None
+) -> Op[tuple[str, int]]:
+    """Before a callback (or a re-arm): is this claim still the key's expiry to deliver?
+    ``(LOST, 0)`` revoked or lease gone; ``(EARLY, ms)`` the deadline is ``ms`` away on the
+    server's clock; ``(CURRENT, 0)`` still the key's task; ``(MOVED, 0)`` the key was set
+    again after this expiry happened."""
+
+    def parse(reply: Any) -> tuple[str, int]:
+        status, ms = reply
+        return (status.decode() if isinstance(status, bytes) else str(status)), int(ms)
+
+    args: dict[str, Arg] = {"now": _now(now_ms), "key": key, "id": task_id, "token": token}
+    return core.op("expire_confirm", args, [], parse)
+
+
+def delivered_op(core: QueueCore, key: str) -> Op[int]:
+    """After a watched key's callback succeeded: shut its gate (see expire_delivered.lua)."""
     return core.op(
-        "expire_forget",
-        {"key": key, "id": task_id, "gate_ms": FOREIGN_GATE_MS},
+        "expire_delivered",
+        {"gate_ms": FOREIGN_GATE_MS},
         [],
-        lambda r: int(r) == 1,
+        int,
         dynamic={"gate": core.keys.expire_gate(key)},
     )
 
@@ -151,14 +184,16 @@ class Expiring:
         return ms_to_datetime(deadline)
 
     def touch(self, key: str, ttl: Duration) -> bool:
-        """Give a watched key a new TTL; False if it is not watched, gone or already firing."""
+        """Give a watched key a new TTL; False if it is not watched or has expired (its
+        callback then runs as it would have)."""
         deadline = self._queue._runner.run(touch_op(self._queue.core, key, ttl))
         if deadline < 0:
             return False
         return bool(self._queue.client.pexpireat(key, deadline))
 
     def delete(self, key: str) -> bool:
-        """Delete a watched key without a callback; True if its expiry was still pending."""
+        """Delete a watched key without a callback; True if it had not expired. An expiry
+        that happened (waiting, running or retrying) is still delivered: False."""
         cancelled = self._queue._runner.run(delete_op(self._queue.core, key))
         self._queue.client.delete(key)
         return cancelled

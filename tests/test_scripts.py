@@ -1343,7 +1343,8 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         expiring.touch_op(core, "k", 5),
         expiring.delete_op(core, "k"),
         expiring.notice_op(core, "k", foreign=True, now_ms=NOW),
-        expiring.forget_op(core, "k", "x:1:k"),
+        expiring.confirm_op(core, "k", "x:1:k", 1, now_ms=NOW),
+        expiring.delivered_op(core, "k"),
         *cron_builders_once(core),
     ]
 
@@ -1409,7 +1410,7 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
     script, keys = SCRIPTS["cancel"], QueueKeys("q")
     assert script.keys_and_args(keys, {"id": "a"}) == (
-        [keys.scheduled, keys.tasks, keys.errors, keys.stats, keys.attempts],
+        [keys.scheduled, keys.tasks, keys.errors, keys.stats, keys.attempts, keys.xkeys],
         ["a"],
     )
     for bad in ({}, {"id": "a", "extra": 1}):

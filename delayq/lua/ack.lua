@@ -5,6 +5,7 @@
 -- KEYS[4] errors
 -- KEYS[5] stats
 -- KEYS[6] attempts
+-- KEYS[7] xkeys
 -- ARGV[1] now         ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms   keep the finished record this long (0: delete it now)
 -- ARGV[3] counter     stats counter to add to: "succeeded" or "discarded"
@@ -13,6 +14,7 @@
 -- Returns: the ids whose ack was refused because the lease was lost (expired or taken over).
 --@include common
 --@include lease
+--@include expire
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens = dq_columns(REST, 2)
@@ -33,6 +35,7 @@ if #acked > 0 then
     redis.call('ZADD', K.done, unpack(scored))
   else
     dq_forget(K, acked)
+    dq_unwatch(K, acked)
   end
   redis.call('HINCRBY', K.stats, A.counter, #acked)
 end
@@ -42,5 +45,6 @@ local old = redis.call('ZRANGEBYSCORE', K.done, '-inf', now - dedupe, 'LIMIT', 0
 if #old > 0 then
   redis.call('ZREM', K.done, unpack(old))
   dq_forget(K, old)
+  dq_unwatch(K, old)
 end
 return refused

@@ -4,10 +4,13 @@
 -- KEYS[3] errors
 -- KEYS[4] stats
 -- KEYS[5] attempts
+-- KEYS[6] xkeys
 -- ARGV[1] id
 -- Returns: 1 if the task was waiting and is now gone, else 0.
 --@include common
+--@include expire
 if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
 dq_forget(K, {A.id})
+dq_unwatch(K, {A.id})
 redis.call('HINCRBY', K.stats, 'cancelled', 1)
 return 1

@@ -1,11 +1,12 @@
 -- expire_set: record a watched key's deadline and value as a task that fires at that
 -- deadline (step 1 of expiring.set; step 2 sets the key itself with PXAT the deadline).
 -- KEYS[1] scheduled
--- KEYS[2] tasks
--- KEYS[3] errors
--- KEYS[4] stats
--- KEYS[5] xkeys
--- KEYS[6] attempts
+-- KEYS[2] active
+-- KEYS[3] tasks
+-- KEYS[4] errors
+-- KEYS[5] stats
+-- KEYS[6] xkeys
+-- KEYS[7] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] key        the watched key
@@ -14,14 +15,17 @@
 -- ARGV[6] header     the record's header line, newline included
 -- ARGV[7] value      the value, JSON-encoded
 -- Returns: the deadline (ms, server clock).
--- A waiting task for an earlier set of the same key is replaced; one already firing is left
--- to finish (that key did expire).
+-- The task of an earlier set is replaced only while its key has not expired ('alive', or
+-- claimed ahead of its deadline: the claim is revoked). One whose key expired (waiting,
+-- claimed, retrying) is left to deliver the value it carries.
 --@include common
+--@include expire
 local now = dq_now(A.now)
 local deadline = now + tonumber(A.ttl_ms)
 local old = redis.call('HGET', K.xkeys, A.key)
-if old and redis.call('ZREM', K.scheduled, old) == 1 then
-  dq_forget(K, {old})
+local state = dq_watch_state(K, old, now)
+if state == 'alive' or state == 'ahead' then
+  dq_watch_drop(K, old)
 end
 local old_head = dq_head(K.scheduled)
 local payload = '{"k":' .. cjson.encode(A.key) .. ',"v":' .. A.value .. ',"d":' .. deadline .. '}'

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from redis.exceptions import ClusterDownError, RedisError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import expiring
 from ..connection import describe
-from ..errors import Defer, DelayqError, Fail
+from ..errors import ConnectionFailed, Defer, DelayqError, Discard, Fail
 from ..runner import is_cluster
 from ..task import Task
 from ..timing import ms_to_datetime
@@ -54,6 +54,8 @@ LATE_IS_SCAN_S = 1.0  # a callback starting this late was caught up, not on time
 PERSISTED_RECHECK_MS = 3_600_000  # a key made persistent by other code: look again hourly
 NOTICE_BATCH = 200
 SHORT_WAIT_MS = 5
+CONFIRM_TRIES = 3  # an early check waits for the deadline at most this often
+CONFIRM_RETRY_MS = 250  # the confirm could not reach the server: look again this soon
 
 Via = Literal["timer", "notification", "scan"]
 ExpireFn = Callable[["Expired"], Any]
@@ -104,14 +106,7 @@ class ExpiryWatcher:
         key = payload["k"]
         foreign = bool(payload.get("foreign"))
         if not foreign:
-            pttl = await self.worker.runner.client.pttl(key)
-            if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
-                await asyncio.sleep((pttl + 1) / 1000)
-                pttl = await self.worker.runner.client.pttl(key)
-            if pttl >= 0:
-                raise Defer(int(pttl) + 1)  # other code extended it: re-arm, no attempt used
-            if pttl == -1:
-                raise Defer(PERSISTED_RECHECK_MS)  # made persistent: it cannot expire now
+            await self._check(key, task)
         fn = self.match(key)
         if fn is None:
             raise Fail(f"no on_expire pattern on this worker matches key {key!r}")
@@ -137,7 +132,46 @@ class ExpiryWatcher:
         else:
             await self.worker.threads.submit(fn, expired)
         if not foreign:
-            await self.worker.runner.run(expiring.forget_op(self.worker.core, key, task.id))
+            await self.worker.runner.run(expiring.delivered_op(self.worker.core, key))
+
+    async def _check(self, key: str, task: Task) -> None:
+        """Return if the key's expiry is this task's to deliver now; else raise: ``Discard``
+        when a set, touch or delete before the deadline revoked the claim (or the lease is
+        gone), ``Defer`` when other code extended the key (or the deadline is not yet past
+        on the server's clock). The key is read before asking the server, so a set made
+        after the expiry cannot make it look extended."""
+        client = self.worker.runner.client
+        core = self.worker.core
+        for _ in range(CONFIRM_TRIES):
+            try:
+                pttl = await client.pttl(key)
+                if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
+                    await asyncio.sleep((pttl + 1) / 1000)
+                    pttl = await client.pttl(key)
+            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as e:
+                log.info("could not read the TTL of %r (%s); looking again", key, e)
+                raise Defer(CONFIRM_RETRY_MS) from e
+            try:
+                status, wait_ms = await self.worker.runner.run(
+                    expiring.confirm_op(core, key, task.id, task.token)
+                )
+            except ConnectionFailed as e:
+                # A failover or a reconnect: look again shortly, without using an attempt
+                # (the callback has not run).
+                log.info("could not confirm the expiry of %r (%s); looking again", key, e)
+                raise Defer(CONFIRM_RETRY_MS) from e
+            if status == expiring.LOST:
+                raise Discard(f"the expiry of {key!r} was superseded before its deadline")
+            if status == expiring.MOVED:
+                return  # set again after this expiry: a live key holds the newer value
+            if pttl >= 0:
+                raise Defer(int(pttl) + 1)  # other code extended it: re-arm, no attempt used
+            if pttl == -1:
+                raise Defer(PERSISTED_RECHECK_MS)  # made persistent: it cannot expire now
+            if status == expiring.CURRENT:
+                return
+            await asyncio.sleep(wait_ms / 1000)  # EARLY: gone before its deadline
+        raise Defer(max(wait_ms, 1))
 
     # -- the bell ---------------------------------------------------------------------------
 
