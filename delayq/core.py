@@ -330,10 +330,11 @@ class QueueCore:
 
         return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
 
-    def shard_count(self, want: int) -> Op[int]:
+    def shard_count(self, want: int, *, store: bool = True) -> Op[int]:
         """The queue's stored shard count, storing ``want`` if none is and nothing waits
+        (``store=False``: only read; 0 when none is stored); -1 while it is being resharded
         (call it on the unsplit queue's core; see shards.py)."""
-        return self.op("shards", {"want": want}, [], int)
+        return self.op("shards", {"want": want, "store": "1" if store else "0"}, [], int)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
         if offset < 0 or limit < 1:

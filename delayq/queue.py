@@ -187,10 +187,18 @@ class _Base(Generic[C]):
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
 
-    def _check_shards_plan(self) -> Plan[None]:
-        """Once per queue object, before its first write: refuse a different shard count."""
+    def _check_shards_plan(self, store: bool = True) -> Plan[None]:
+        """Once per queue object, before its first write or read of a task: refuse a
+        different shard count (a read stores none; see Shards.verify)."""
         if not self.shards.checked:
-            self.shards.verify((yield ("run", self.shards.check_op())))
+            self.shards.verify((yield ("run", self.shards.check_op(store=store))))
+
+    def _task_plan(self, op: Op[T]) -> Plan[T]:
+        """One call on a task's shard (get, cancel, reschedule), after the shard count check:
+        opened with the wrong count, the task's shard would be the wrong one."""
+        yield from self._check_shards_plan(store=False)
+        reply: T = yield ("run", op)
+        return reply
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
@@ -319,16 +327,17 @@ class Queue(_Base[redis.Redis]):
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self._runner.run(self._of(task_id).cancel(task_id))
+        return self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
-        return self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
+        op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
+        return self._runner.drive(self._task_plan(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self._runner.run(self._of(task_id).get(task_id))
+        return self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
         return self._runner.drive(self._stats_plan())
@@ -391,15 +400,16 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self._runner.run(self._of(task_id).cancel(task_id))
+        return await self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
-        return await self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
+        op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
+        return await self._runner.drive(self._task_plan(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self._runner.run(self._of(task_id).get(task_id))
+        return await self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
         return await self._runner.drive(self._stats_plan())

@@ -52,18 +52,30 @@ class Shards:
             by.setdefault(shard_of(task_id(item), self.n), []).append(item)
         return [(self.cores[i], by[i]) for i in sorted(by)]
 
-    def check_op(self) -> Op[int]:
-        """Read (or set once) the stored shard count; see :meth:`verify`."""
-        return self.root.shard_count(self.n)
+    def check_op(self, *, store: bool = True) -> Op[int]:
+        """Read (or, with ``store``, set once) the stored shard count; see :meth:`verify`.
+        Writes store it; reads (get, cancel, reschedule) only compare."""
+        return self.root.shard_count(self.n, store=store)
 
     def verify(self, stored: int) -> None:
+        """Refuse a count other than the stored one. Remembered once a count is stored, so
+        each queue object pays the check's round trip once; a read that finds none stored
+        (0) passes and checks again next time."""
+        if stored == 0:
+            return
+        if stored < 0:
+            raise ConfigurationError(
+                f"queue {self.home.name!r} is being resharded (the key {self.root.keys.shards} "
+                "has a 'moving' field): finish it with `delayq reshard`, then open the queue "
+                "with the new shard count"
+            )
         if stored != self.n:
             name = self.home.name
             raise ConfigurationError(
                 f"queue {name!r} is split into {stored} shard(s), but was opened with "
                 f"shards={self.n}: open it with shards={stored}. Every process must use the "
-                "same number; to change it, stop them all, drain the queue (nothing waiting, "
-                f"running or dead) and delete the key {self.root.keys.shards}"
+                "same number; to change it, stop them all, drain the queue and run "
+                f"`delayq reshard -q {name} --shards N`"
             )
         self.checked = True
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from delayq import ConfigurationError, Queue, Task, Worker
+from delayq import AsyncQueue, ConfigurationError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
 
@@ -245,3 +245,65 @@ def test_dashboard_views_and_cli_actions_cover_every_shard(
     assert queue.stats().dead == 0
     admin.close()
     queue.close()
+
+
+def _wrong_shard_ids(n_stored: int, n_opened: int) -> list[str]:
+    """Ids whose shard key differs between the two counts (so a read would look elsewhere)."""
+    return [
+        f"w{i}"
+        for i in range(200)
+        if n_opened == 1 or shard_of(f"w{i}", n_stored) != shard_of(f"w{i}", n_opened)
+    ][:3]
+
+
+def test_get_cancel_and_reschedule_on_a_queue_opened_with_the_wrong_shard_count_are_refused(
+    server: EmbeddedServer, qname: str
+) -> None:
+    split = Queue(qname, url=server.url, shards=4)
+    for n in (1, 8):
+        ids = _wrong_shard_ids(4, n)
+        split.schedule_many([{"kind": "k", "task_id": i, "delay": 60} for i in ids])
+        other = Queue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.get(ids[0])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.cancel(ids[1])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.reschedule(ids[2], delay=5)
+        other.close()
+    assert split.stats().scheduled == len(set(_wrong_shard_ids(4, 1) + _wrong_shard_ids(4, 8)))
+    assert split.get("w0") is not None and split.cancel("w0")  # the right count still reads
+    split.close()
+
+
+async def test_async_get_cancel_and_reschedule_with_the_wrong_shard_count_are_refused(
+    server: EmbeddedServer, qname: str
+) -> None:
+    split = AsyncQueue(qname, url=server.url, shards=4)
+    ids = _wrong_shard_ids(4, 8)
+    await split.schedule_many([{"kind": "k", "task_id": i, "delay": 60} for i in ids])
+    for n in (1, 8):
+        other = AsyncQueue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.get(ids[0])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.cancel(ids[1])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.reschedule(ids[2], delay=5)
+        await other.close()
+    assert (await split.stats()).scheduled == 3
+    await split.close()
+
+
+def test_reads_before_any_write_do_not_fix_the_shard_count(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """A get, cancel or reschedule stores nothing: the first write still decides."""
+    reader = Queue(qname, url=server.url, shards=4)
+    assert reader.get("nope") is None and not reader.cancel("nope")
+    plain = Queue(qname, url=server.url)
+    plain.schedule("k", 1, task_id="a", delay=60)  # not refused: the reads stored nothing
+    with pytest.raises(ConfigurationError, match="split into 1 shard"):
+        reader.get("a")
+    plain.close()
+    reader.close()
