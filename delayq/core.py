@@ -39,6 +39,8 @@ DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
 MAX_ID_LEN = 256
 MAX_KIND_LEN = 200
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
+MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
+SEEK_STATES = ("scheduled", "active", "done", "dead")
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,31 @@ class QueueCore:
             return out
 
         return self.op("dead", {"offset": offset, "limit": limit}, [], parse)
+
+    def seek(
+        self, state: str, after: tuple[str, str] | None = None, limit: int = 100
+    ) -> Op[list[tuple[TaskInfo, str]]]:
+        """A page of tasks in ``state`` after the cursor ``after`` = (score as a reply gave
+        it, id), each with its score: keyset paging, as cheap deep as on the first page
+        (scheduled, active and done oldest first, dead most recent first)."""
+        if state not in SEEK_STATES:
+            raise InvalidTaskError(f"a page shows one of {', '.join(SEEK_STATES)}, not {state!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SEEK:
+            raise InvalidTaskError(f"a page needs 1 <= limit <= {MAX_SEEK}, got {limit!r}")
+        score, tid = after if after is not None else ("", "")
+
+        def parse(r: Any) -> list[tuple[TaskInfo, str]]:
+            out = []
+            for i in range(0, len(r), 5):
+                raw = _s(r[i + 1])
+                info = self.task_info(
+                    _s(r[i]), state, float(raw), _b(r[i + 2] or b""), r[i + 3], r[i + 4]
+                )
+                out.append((info, raw))
+            return out
+
+        args: dict[str, Arg] = {"state": state, "score": score, "id": tid, "limit": limit}
+        return self.op("seek", args, [], parse)
 
     def replay(
         self,

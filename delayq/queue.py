@@ -33,8 +33,8 @@ from .errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
 from .runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
-from .shards import Shards, add_stats, merge_dead
-from .task import QueueStats, TaskInfo, WorkerInfo
+from .shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
+from .task import QueueStats, TaskInfo, TaskPage, WorkerInfo
 from .timing import Duration, seconds
 
 T = TypeVar("T")
@@ -251,6 +251,15 @@ class _Base(Generic[C]):
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
 
+    def _page_plan(self, state: str, limit: int, after: str | None) -> Plan[TaskPage]:
+        """Keyset paging: one page after the cursor from each shard, merged."""
+        ops = [
+            c.seek(state, decode_cursor(after) if after else None, limit) for c in self.shards.cores
+        ]
+        yield from self._check_shards_plan(store=False)
+        parts = yield from batch_plan(ops)
+        return merge_page(parts, state, limit)
+
     def _replay_plan(
         self, ids: Iterable[str] | None, progress: Progress | None = None
     ) -> Plan[int]:
@@ -346,6 +355,14 @@ class Queue(_Base[redis.Redis]):
         """A page of the dead set, most recent first."""
         return self._runner.drive(self._dead_plan(offset, limit))
 
+    def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
+        """A page of the tasks in one state: ``"scheduled"`` (by due time), ``"active"`` (by
+        lease deadline), ``"done"`` (by finish time) or ``"dead"`` (most recent first). Pass
+        the page's ``next`` as ``after`` for the following one: every page costs about the
+        same however deep it is (on a sharded queue, at most ``limit`` from each shard),
+        unlike ``dead(offset=...)``."""
+        return self._runner.drive(self._page_plan(state, limit, after))
+
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
         return self._runner.run(self.core.workers())
@@ -416,6 +433,9 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         return await self._runner.drive(self._dead_plan(offset, limit))
+
+    async def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
+        return await self._runner.drive(self._page_plan(state, limit, after))
 
     async def workers(self) -> list[WorkerInfo]:
         return await self._runner.run(self.core.workers())

@@ -150,6 +150,7 @@ NAMES = (
     "cron_read",
     "shards",
     "cron_sync",
+    "seek",
 )
 
 

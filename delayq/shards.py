@@ -8,14 +8,15 @@ live there. With one shard (the default) the keys are those of an unsplit queue.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from .core import Op, QueueCore
-from .errors import ConfigurationError
+from .core import Op, QueueCore, validate_task_id
+from .errors import ConfigurationError, InvalidTaskError
 from .keys import MAX_SHARDS, shard_of
-from .task import QueueStats, TaskInfo
+from .task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")
 
@@ -115,3 +116,41 @@ def merge_dead(parts: Sequence[list[TaskInfo]], offset: int, limit: int) -> list
         reverse=True,
     )
     return merged[offset : offset + limit]
+
+
+# -- keyset paging: a cursor is the (score, id) of a page's last task ------------------------
+
+
+def encode_cursor(score: str, task_id: str) -> str:
+    """A page's cursor as text (for ``after=`` and the dashboard's links): the score exactly
+    as the server replied it, so the server reads back the very same number."""
+    return f"{score}:{task_id}"
+
+
+_SCORE_RE = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^-?inf$")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    """(score, id) of a cursor :func:`encode_cursor` made; InvalidTaskError if it is not one."""
+    score, sep, task_id = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+    if not sep or not _SCORE_RE.match(score):
+        raise InvalidTaskError(f"not a page cursor: {str(cursor)[:80]!r}")
+    return score, validate_task_id(task_id)
+
+
+def merge_page(parts: Sequence[list[tuple[TaskInfo, str]]], state: str, limit: int) -> TaskPage:
+    """Each shard's page after one cursor, as the queue's page: the ``limit`` first in the
+    sets' own order ((score, id bytes); the dead set backwards). Each shard gave at most
+    ``limit``, so whatever the depth the merge handles shards x limit tasks."""
+    if len(parts) == 1:
+        merged = parts[0]
+    else:
+        merged = sorted(
+            (e for p in parts for e in p),
+            key=lambda e: (float(e[1]), e[0].id.encode()),
+            reverse=state == "dead",
+        )
+    more = len(merged) > limit or any(len(p) == limit for p in parts)
+    page = merged[:limit]
+    following = encode_cursor(page[-1][1], page[-1][0].id) if page and more else None
+    return TaskPage([t for t, _ in page], following)

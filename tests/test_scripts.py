@@ -1307,6 +1307,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.get("a"),
         core.stats(now_ms=NOW),
         core.dead(),
+        core.seek("dead", ("1", "a"), 10),
         core.workers(now_ms=NOW),
         admin.page(core, "scheduled"),
         admin.timeline(core, 60, 10, now_ms=NOW),

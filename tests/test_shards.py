@@ -307,3 +307,116 @@ def test_reads_before_any_write_do_not_fix_the_shard_count(
         reader.get("a")
     plain.close()
     reader.close()
+
+
+def _seed_dead(queue: Queue, count: int) -> list[tuple[float, str]]:
+    """``count`` dead tasks written straight into their shards, many dying in the same ms
+    (as a batch does); returns (time of death, id) of each."""
+    pipe = queue.client.pipeline(transaction=False)
+    seeded = []
+    for i in range(count):
+        tid, died = f"dead-{i:05d}", 1_700_000_000_000 + i // 7  # runs of 7 share a time
+        keys = queue.shards.of(tid).keys
+        pipe.hset(keys.tasks, tid, b'{"k":"k"}\n1')
+        pipe.zadd(keys.dead, {tid: died})
+        seeded.append((float(died), tid))
+    pipe.execute()
+    return seeded
+
+
+def _hget_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_deep_page_of_a_sharded_queue_reads_one_page_from_each_shard(make_server: Any) -> None:
+    """Keyset paging: each shard returns at most ``limit`` tasks after the cursor, so page
+    31 costs what page 1 does (counted in HGETs: three per task a shard returns), and the
+    pages, walked to the end, hold every task once in the sets' order."""
+    srv = make_server(appendonly=False)
+    queue = Queue("deep", url=srv.url, shards=4)
+    seeded = _seed_dead(queue, 3200)
+    queue.schedule_many(
+        [{"kind": "k", "task_id": f"w{i}", "delay": 60 + i % 50} for i in range(1500)]
+    )
+    # The dead set, most recent first, ties by id backwards; every page full until the last.
+    walked: list[str] = []
+    after, costs = None, []
+    while True:
+        before = _hget_calls(queue.client)
+        page = queue.page("dead", limit=100, after=after)
+        costs.append(_hget_calls(queue.client) - before)
+        walked += [t.id for t in page.tasks]
+        assert all(t.state == "dead" and t.payload == 1 for t in page.tasks)
+        if page.next is None:
+            break
+        after = page.next
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    assert len(costs) >= 32 and max(costs) <= 4 * 100 * 3, costs  # not offset + limit per shard
+    # Waiting tasks, by due time: the same walk.
+    waiting: list[str] = []
+    after = None
+    while True:
+        before = _hget_calls(queue.client)
+        page = queue.page("scheduled", limit=200, after=after)
+        assert _hget_calls(queue.client) - before <= 4 * 200 * 3
+        waiting += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        after = page.next
+    assert len(waiting) == len(set(waiting)) == 1500
+    dues = [queue.get(i).due_at for i in waiting[::97]]  # type: ignore[union-attr]
+    assert dues == sorted(dues)  # type: ignore[type-var]
+    queue.close()
+
+
+async def test_async_pages_walk_a_sharded_dead_set_by_cursor(make_server: Any) -> None:
+    srv = make_server(appendonly=False)
+    sync = Queue("deep", url=srv.url, shards=3)
+    seeded = _seed_dead(sync, 250)
+    sync.close()
+    queue = AsyncQueue("deep", url=srv.url, shards=3)
+    walked, after = [], None
+    while True:
+        page = await queue.page("dead", limit=40, after=after)
+        walked += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        after = page.next
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    await queue.close()
+
+
+def test_the_dashboard_pages_past_a_thousand_waiting_tasks_of_a_sharded_queue(
+    make_server: Any,
+) -> None:
+    """Its "more" links carry a cursor: every waiting task is reached, once, in due order
+    (an offset past 1,000 was refused before)."""
+    import re
+
+    import httpx
+
+    from .dashboard_helpers import TOKEN, DashboardThread
+
+    srv = make_server(appendonly=False)
+    queue = Queue("deep", url=srv.url, shards=4)
+    queue.schedule_many(
+        [{"kind": "k", "task_id": f"w{i:04d}", "delay": 60 + i} for i in range(1100)]
+    )
+    shown: list[str] = []
+    with (
+        DashboardThread(srv.url, ["deep"]) as base,
+        httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as http,
+    ):
+        path: str | None = "/queues/deep/scheduled"
+        for _ in range(40):
+            if path is None:
+                break
+            r = http.get(path)
+            assert r.status_code == 200, (path, re.findall(r"page needs[^<]*", r.text))
+            shown += re.findall(r"id=(w\d{4})\"", r.text)
+            more = re.search(r'<a href="(\?[^"]+)">more', r.text)
+            path = "/queues/deep/scheduled" + more.group(1).replace("&amp;", "&") if more else None
+    assert shown == [f"w{i:04d}" for i in range(1100)]
+    queue.close()
