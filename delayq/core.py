@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from .codec import (
     DEFAULT_MAX_PAYLOAD,
@@ -51,6 +51,17 @@ class Op(Generic[T]):
     keys: list[str]
     args: list[Arg]
     parse: Callable[[Any], T]
+
+
+class SeekRow(NamedTuple):
+    """One task of a ``seek`` page as the script returned it: the score exactly as replied
+    (a cursor carries it back), the rest undecoded."""
+
+    id: str
+    score: str
+    record: bytes
+    error: Any
+    attempt: Any
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -353,28 +364,28 @@ class QueueCore:
 
     def seek(
         self, state: str, after: tuple[str, str] | None = None, limit: int = 100
-    ) -> Op[list[tuple[TaskInfo, str]]]:
+    ) -> Op[list[SeekRow]]:
         """A page of tasks in ``state`` after the cursor ``after`` = (score as a reply gave
-        it, id), each with its score: keyset paging, as cheap deep as on the first page
-        (scheduled, active and done oldest first, dead most recent first)."""
+        it, id): keyset paging, as cheap deep as on the first page (scheduled, active and
+        done oldest first, dead most recent first). Rows stay undecoded (see
+        :meth:`seek_info`): a sharded queue's merge decodes only the rows it keeps."""
         if state not in SEEK_STATES:
             raise InvalidTaskError(f"a page shows one of {', '.join(SEEK_STATES)}, not {state!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SEEK:
             raise InvalidTaskError(f"a page needs 1 <= limit <= {MAX_SEEK}, got {limit!r}")
         score, tid = after if after is not None else ("", "")
 
-        def parse(r: Any) -> list[tuple[TaskInfo, str]]:
-            out = []
-            for i in range(0, len(r), 5):
-                raw = _s(r[i + 1])
-                info = self.task_info(
-                    _s(r[i]), state, float(raw), _b(r[i + 2] or b""), r[i + 3], r[i + 4]
-                )
-                out.append((info, raw))
-            return out
+        def parse(r: Any) -> list[SeekRow]:
+            return [
+                SeekRow(_s(r[i]), _s(r[i + 1]), _b(r[i + 2] or b""), r[i + 3], r[i + 4])
+                for i in range(0, len(r), 5)
+            ]
 
         args: dict[str, Arg] = {"state": state, "score": score, "id": tid, "limit": limit}
         return self.op("seek", args, [], parse)
+
+    def seek_info(self, state: str, row: SeekRow) -> TaskInfo:
+        return self.task_info(row.id, state, float(row.score), row.record, row.error, row.attempt)
 
     def replay(
         self,

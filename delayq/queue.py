@@ -258,7 +258,7 @@ class _Base(Generic[C]):
         ]
         yield from self._check_shards_plan(store=False)
         parts = yield from batch_plan(ops)
-        return merge_page(parts, state, limit)
+        return merge_page(parts, state, limit, functools.partial(self.core.seek_info, state))
 
     def _replay_plan(
         self, ids: Iterable[str] | None, progress: Progress | None = None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from .core import Op, QueueCore, validate_task_id
+from .core import Op, QueueCore, SeekRow, validate_task_id
 from .errors import ConfigurationError, InvalidTaskError
 from .keys import MAX_SHARDS, shard_of
 from .task import QueueStats, TaskInfo, TaskPage
@@ -138,19 +138,21 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
     return score, validate_task_id(task_id)
 
 
-def merge_page(parts: Sequence[list[tuple[TaskInfo, str]]], state: str, limit: int) -> TaskPage:
+def merge_page(
+    parts: Sequence[list[SeekRow]], state: str, limit: int, info: Callable[[SeekRow], TaskInfo]
+) -> TaskPage:
     """Each shard's page after one cursor, as the queue's page: the ``limit`` first in the
     sets' own order ((score, id bytes); the dead set backwards). Each shard gave at most
-    ``limit``, so whatever the depth the merge handles shards x limit tasks."""
+    ``limit`` rows, whatever the depth; only those kept are decoded (``info``)."""
     if len(parts) == 1:
         merged = parts[0]
     else:
         merged = sorted(
-            (e for p in parts for e in p),
-            key=lambda e: (float(e[1]), e[0].id.encode()),
+            (row for p in parts for row in p),
+            key=lambda row: (float(row.score), row.id.encode()),
             reverse=state == "dead",
         )
     more = len(merged) > limit or any(len(p) == limit for p in parts)
-    page = merged[:limit]
-    following = encode_cursor(page[-1][1], page[-1][0].id) if page and more else None
-    return TaskPage([t for t, _ in page], following)
+    rows = merged[:limit]
+    following = encode_cursor(rows[-1].score, rows[-1].id) if rows and more else None
+    return TaskPage([info(row) for row in rows], following)
