@@ -151,6 +151,9 @@ NAMES = (
     "shards",
     "cron_sync",
     "seek",
+    "reshard_mark",
+    "move_tasks",
+    "move_fields",
 )
 
 

@@ -1319,6 +1319,19 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         expiring.notice_op(core, "k", foreign=True, now_ms=NOW),
         expiring.forget_op(core, "k", "x:1:k"),
         *cron_builders_once(core),
+        *reshard_builders_once(core),
+    ]
+
+
+def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq import reshard
+    from delayq.core import SeekRow
+
+    row = SeekRow("a", str(NOW), b'{"k":"job"}\n1', None, None)
+    return [
+        reshard.mark_op(core, "read"),
+        reshard.put_tasks_op(core, "done", [row]),
+        reshard.fields_op(core, "read", "cron"),
     ]
 
 

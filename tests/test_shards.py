@@ -420,3 +420,135 @@ def test_the_dashboard_pages_past_a_thousand_waiting_tasks_of_a_sharded_queue(
             path = "/queues/deep/scheduled" + more.group(1).replace("&amp;", "&") if more else None
     assert shown == [f"w{i:04d}" for i in range(1100)]
     queue.close()
+
+
+def _reshard(url: str, name: str, shards: int) -> Any:
+    from click.testing import CliRunner
+
+    from delayq.cli import main
+
+    args = ["reshard", "-q", name, "--shards", str(shards), "--url", url, "--json"]
+    return CliRunner().invoke(main, args)
+
+
+def test_resharding_keeps_finished_ids_cron_schedules_and_watched_keys(
+    make_server: Any, run_worker: Any
+) -> None:
+    """`delayq reshard` from 1 to 4 shards, then 4 to 2 and back to 1: an id finished within
+    the dedupe window is still not run again, and the cron schedule, the watched key and
+    their waiting tasks are on the home shard of each count, served by its workers."""
+    import json
+
+    srv = make_server(appendonly=False)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def serve(queue: Queue) -> Worker:
+        worker = Worker(queue, concurrency=8)
+
+        @worker.handler("k")
+        def k(task: Task) -> None:
+            with lock:
+                ran.append(task.id)
+
+        worker.every(3600, name="hourly")(lambda task: None)
+        worker.on_expire("sess:*")(lambda expired: ran.append(f"expired:{expired.key}"))
+        return worker
+
+    plain = Queue("rs", url=srv.url, dedupe_window=3600)
+    finished = [f"f{i}" for i in range(60)]
+    plain.schedule_many([{"kind": "k", "task_id": i} for i in finished])
+    with run_worker(serve(plain)):
+        wait_for(lambda: plain.stats().done == 60)
+    plain.expiring.set("sess:1", {"user": 7}, 3600)
+    before = plain.stats()
+    assert before.scheduled == 2  # the next hourly occurrence and the watched key's task
+    home_keys = plain.core.keys
+    for round_, n in enumerate((4, 2, 1)):
+        result = _reshard(srv.url, "rs", n)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output)
+        assert report["ok"] and report["done"] > 0, report
+        queue = Queue("rs", url=srv.url, shards=n, dedupe_window=3600)
+        stats = queue.stats()
+        assert (stats.scheduled, stats.done, stats.dead) == (2, 60 + round_, 0), (n, stats)
+        queue.schedule_many([{"kind": "k", "task_id": i} for i in finished])  # all remembered
+        assert queue.stats().scheduled == 2
+        assert all(queue.get(i).state == "done" for i in finished)  # type: ignore[union-attr]
+        keys = queue.core.keys
+        assert queue.client.hget(keys.cron, "hourly") is not None
+        assert queue.client.hget(keys.xkeys, "sess:1") is not None
+        if n > 1:  # the unsplit queue keeps the shard count and its counters, nothing else
+            left = set(queue.client.scan_iter(match=home_keys.base + ":*"))
+            assert left == {home_keys.shards.encode(), home_keys.stats.encode()}, left
+        with run_worker(serve(queue)):
+            queue.schedule("k", task_id=f"new{n}")
+            wait_for(lambda n=n: f"new{n}" in ran)  # type: ignore[misc]
+            if n == 1:  # the watched key, moved there and back, still fires
+                assert queue.expiring.touch("sess:1", 0.3)
+                wait_for(lambda: "expired:sess:1" in ran)
+        queue.close()
+    assert sorted(i for i in ran if i.startswith("f")) == sorted(finished)  # each ran once
+    plain.close()
+
+
+def test_resharding_is_refused_while_tasks_wait_run_or_are_dead(
+    server: EmbeddedServer, qname: str
+) -> None:
+    from delayq import operate
+    from delayq.admin import Admin
+
+    queue = Queue(qname, url=server.url, shards=2)
+    queue.schedule("k", 1, delay=60, task_id="waiting")
+    keys = queue.shards.of("gone").keys
+    queue.client.hset(keys.tasks, "gone", b'{"k":"k"}\n1')
+    queue.client.zadd(keys.dead, {"gone": 1})
+    admin = Admin(server.url)
+    result = operate.reshard(admin, qname, 4)
+    assert not result.ok
+    assert "1 waiting task(s)" in result.message and "1 dead task(s)" in result.message
+    cli = _reshard(server.url, qname, 4)
+    assert cli.exit_code == 1 and "1 dead task(s)" in cli.output
+    assert admin.shard_count(qname) == 2  # unchanged, and not marked as moving
+    queue.schedule("k", 2, delay=60)
+    assert queue.get("waiting") is not None
+    admin.close()
+    queue.close()
+
+
+def test_a_queue_being_resharded_is_refused_until_the_move_is_finished(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """A move cut short leaves its marker: every process that checks the count is refused,
+    a move to another count too, and running the same move again finishes it."""
+    from delayq import operate
+    from delayq.admin import Admin
+    from delayq.reshard import mark_op
+    from delayq.runner import SyncRunner
+
+    plain = Queue(qname, url=server.url, dedupe_window=3600)
+    plain.schedule("k", 1, delay=60, task_id="w")
+    plain.cancel("w")  # the count (1) is stored
+    now = int(time.time() * 1000)
+    for i in range(30):
+        plain.client.hset(plain.core.keys.tasks, f"d{i}", b'{"k":"k"}\n1')
+        plain.client.zadd(plain.core.keys.done, {f"d{i}": now})
+    assert SyncRunner(plain.client).run(mark_op(plain.shards.root, "begin", "1>3", 1)) == 1
+    for n in (1, 3):
+        fresh = Queue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="being resharded"):
+            fresh.get("d1")
+        with pytest.raises(ConfigurationError, match="being resharded"):
+            fresh.schedule("k", 2)
+        fresh.close()
+    admin = Admin(server.url)
+    other = operate.reshard(admin, qname, 2)
+    assert not other.ok and "being moved from 1 to 3" in other.message
+    finished = operate.reshard(admin, qname, 3)
+    assert finished.ok and finished.done == 30, finished
+    split = Queue(qname, url=server.url, shards=3, dedupe_window=3600)
+    split.schedule_many([{"kind": "k", "task_id": f"d{i}"} for i in range(30)])
+    assert split.stats().scheduled == 0 and split.stats().done == 30
+    admin.close()
+    split.close()
+    plain.close()
