@@ -552,3 +552,32 @@ def test_a_queue_being_resharded_is_refused_until_the_move_is_finished(
     admin.close()
     split.close()
     plain.close()
+
+
+def test_delayq_dead_ls_walks_a_sharded_dead_set_by_cursor(
+    server: EmbeddedServer, qname: str
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from delayq.cli import main
+
+    queue = Queue(qname, url=server.url, shards=3)
+    queue.schedule("k", task_id="warm", delay=60)  # stores the count
+    seeded = _seed_dead(queue, 45)
+    walked: list[str] = []
+    after: list[str] = []
+    for _ in range(10):
+        args = ["dead", "ls", "-q", qname, "--limit", "20", "--json", "--url", server.url]
+        out = json.loads(CliRunner().invoke(main, [*args, *after]).output)
+        walked += [t["id"] for t in out["tasks"]]
+        if out["next"] is None:
+            break
+        after = ["--after", out["next"]]
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    text = CliRunner().invoke(main, ["dead", "ls", "-q", qname, "--url", server.url])
+    assert "more with --after" in text.output
+    bad = CliRunner().invoke(main, ["dead", "ls", "-q", qname, "--after", "x", "--url", server.url])
+    assert bad.exit_code == 2 and "not a page cursor" in bad.output
+    queue.close()
