@@ -213,6 +213,11 @@ class Admin:
             )
         return q
 
+    def forget(self, name: str) -> None:
+        """Drop the cached Queue of ``name``: the next use reads its shard count again (after
+        ``operate.reshard`` changed it)."""
+        self._queues.pop(name, None)
+
     def shard_count(self, name: str) -> int:
         """How many shards the queue is split into, as its first user stored it (1 if none
         did): an inspector reads every shard without being told."""

@@ -68,4 +68,7 @@ def reshard(admin: Admin, name: str, shards: int, *, batch: int = BATCH) -> Resh
     the way, while tasks wait (other than those), run or are dead, or a worker is alive.
     A move cut short is finished by calling this again with the same count (see reshard.py).
     """
-    return admin.runner.drive(reshard_plan(name, shards, prefix=admin.prefix, batch=batch))
+    try:
+        return admin.runner.drive(reshard_plan(name, shards, prefix=admin.prefix, batch=batch))
+    finally:
+        admin.forget(name)  # its cached Queue knew the old count

@@ -544,8 +544,10 @@ def test_a_queue_being_resharded_is_refused_until_the_move_is_finished(
     admin = Admin(server.url)
     other = operate.reshard(admin, qname, 2)
     assert not other.ok and "being moved from 1 to 3" in other.message
+    assert admin.queue(qname).shards.n == 1  # cached by the inspector ...
     finished = operate.reshard(admin, qname, 3)
     assert finished.ok and finished.done == 30, finished
+    assert admin.queue(qname).shards.n == 3  # ... and read again after the move
     split = Queue(qname, url=server.url, shards=3, dedupe_window=3600)
     split.schedule_many([{"kind": "k", "task_id": f"d{i}"} for i in range(30)])
     assert split.stats().scheduled == 0 and split.stats().done == 30
