@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from delayq import AsyncQueue, ConfigurationError, Queue, Task, Worker
+from delayq import AsyncQueue, ConfigurationError, InvalidTaskError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
 
@@ -582,4 +582,31 @@ def test_delayq_dead_ls_walks_a_sharded_dead_set_by_cursor(
     assert "more with --after" in text.output
     bad = CliRunner().invoke(main, ["dead", "ls", "-q", qname, "--after", "x", "--url", server.url])
     assert bad.exit_code == 2 and "not a page cursor" in bad.output
+    queue.close()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_page_cursor_still_leads_on_when_its_task_is_gone(
+    server: EmbeddedServer, qname: str, shards: int
+) -> None:
+    """The cursor is a place in the order, not a task: the task it was taken from may be
+    replayed or purged meanwhile (here in the middle of a run of equal death times)."""
+    queue = Queue(qname, url=server.url, shards=shards)
+    seeded = [tid for _, tid in sorted(_seed_dead(queue, 40), reverse=True)]
+    first = queue.page("dead", limit=10)
+    assert [t.id for t in first.tasks] == seeded[:10] and first.next is not None
+    assert first.next.endswith(":" + seeded[9])
+    assert queue.purge_dead([seeded[9], seeded[10]]) == 2
+    rest: list[str] = []
+    page = queue.page("dead", limit=10, after=first.next)
+    while True:
+        rest += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        page = queue.page("dead", limit=10, after=page.next)
+    assert rest == seeded[11:]
+    with pytest.raises(InvalidTaskError, match="not a page cursor"):
+        queue.page("dead", after="garbage")
+    with pytest.raises(InvalidTaskError, match="shows one of"):
+        queue.page("waiting")
     queue.close()
