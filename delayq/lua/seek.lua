@@ -27,10 +27,10 @@ local function before(a, b)
   return #a < #b
 end
 
-local set = K[A.state]
 if A.state ~= 'scheduled' and A.state ~= 'active' and A.state ~= 'done' and A.state ~= 'dead' then
   return redis.error_reply('seek: unknown state ' .. tostring(A.state))
 end
+local set = K[A.state]
 local desc = A.state == 'dead'
 local limit = tonumber(A.limit)
 local first, last -- ranks, ascending
