@@ -24,7 +24,7 @@ from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from .queue import Queue
 from .runner import SyncRunner, translate
 from .shards import add_stats
-from .task import QueueStats, TaskInfo, WorkerInfo
+from .task import QueueStats, TaskInfo, TaskPage, WorkerInfo
 from .timing import ms_to_datetime
 
 MAX_PAGE = 1000  # tasks per page: bounds the script's run time and its reply
@@ -213,6 +213,11 @@ class Admin:
             )
         return q
 
+    def forget(self, name: str) -> None:
+        """Drop the cached Queue of ``name``: the next use reads its shard count again (after
+        ``operate.reshard`` changed it)."""
+        self._queues.pop(name, None)
+
     def shard_count(self, name: str) -> int:
         """How many shards the queue is split into, as its first user stored it (1 if none
         did): an inspector reads every shard without being told."""
@@ -284,7 +289,9 @@ class Admin:
     def tasks(
         self, name: str, state: PageState, offset: int = 0, limit: int = 100
     ) -> list[TaskInfo]:
-        """Waiting tasks (by due time) or running ones (by lease deadline)."""
+        """Waiting tasks (by due time) or running ones (by lease deadline). On a sharded
+        queue each shard reads ``offset + limit`` (at most 1,000): page deep with
+        :meth:`page`."""
         cores = self.queue(name).shards.cores
         if len(cores) == 1:
             return self.runner.run(page(cores[0], state, offset, limit))
@@ -295,6 +302,11 @@ class Admin:
 
         merged = sorted((t for p in parts for t in p), key=when)
         return merged[offset : offset + limit]
+
+    def page(self, name: str, state: str, limit: int = 100, after: str | None = None) -> TaskPage:
+        """A page of tasks in ``state`` after the cursor ``after`` (keyset paging): as cheap
+        deep in a sharded queue as on its first page. See ``Queue.page``."""
+        return self.queue(name).page(state, limit=limit, after=after)
 
     def dead(self, name: str, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """Dead tasks, most recent first, with their reasons."""

@@ -14,7 +14,7 @@ import click
 
 from .cli_admin import info, schedule, task
 from .cli_dead import dead
-from .cli_ops import check, dashboard
+from .cli_ops import check, dashboard, reshard
 from .connection import URL_ENV
 
 
@@ -185,6 +185,7 @@ main.add_command(task)
 main.add_command(dead)
 main.add_command(check)
 main.add_command(dashboard)
+main.add_command(reshard)
 main.add_command(importlib.import_module("delayq.cron_cli").cron)  # after main: no cycle
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 
 import click
@@ -37,14 +38,35 @@ def dead() -> None:
 @dead.command("ls")
 @queue_option
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--offset", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--after",
+    metavar="CURSOR",
+    help="Start after this cursor (printed under each page): as quick however deep.",
+)
+@click.option(
+    "--offset",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip this many (on a split queue each shard reads them all: prefer --after).",
+)
 @url_option
 @json_option
-def dead_ls(queue: str | None, limit: int, offset: int, url: str | None, as_json: bool) -> None:
+def dead_ls(
+    queue: str | None, limit: int, after: str | None, offset: int, url: str | None, as_json: bool
+) -> None:
     """Dead tasks, most recent first, with the reason each died."""
+    following: str | None = None
     with connect(url) as admin:
         name = need_queue(admin, queue)
-        tasks = admin.dead(name, offset, limit)
+        if offset and after is None:
+            tasks = admin.dead(name, offset, limit)
+        else:
+            try:
+                page = admin.page(name, "dead", limit, after)
+            except InvalidTaskError as e:
+                raise click.BadParameter(str(e), param_hint="--after") from None
+            tasks, following = page.tasks, page.next
         total, now = (s := admin.queue(name).stats()).dead, s.now
     if as_json:
         echo_json(
@@ -52,6 +74,7 @@ def dead_ls(queue: str | None, limit: int, offset: int, url: str | None, as_json
                 "queue": name,
                 "total": total,
                 "offset": offset,
+                "next": following,
                 "tasks": [task_dict(t) for t in tasks],
             }
         )
@@ -68,7 +91,9 @@ def dead_ls(queue: str | None, limit: int, offset: int, url: str | None, as_json
             Text(first_line(t.last_error) or "-"),
         )
     Console().print(table)
-    if offset + len(tasks) < total:
+    if following is not None:
+        click.echo(f"more with --after {shlex.quote(following)}")
+    elif offset and offset + len(tasks) < total:
         click.echo(
             f"showing {offset + 1}-{offset + len(tasks)}; more with --offset {offset + len(tasks)}"
         )

@@ -1,4 +1,4 @@
-"""``delayq check`` (a health probe) and ``delayq dashboard``."""
+"""``delayq check`` (a health probe), ``delayq dashboard`` and ``delayq reshard``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,20 @@ from typing import Any
 
 import click
 
+from . import operate
 from .admin import QueueOverview
-from .cli_common import connect, duration, echo_json, json_option, queues_option, url_option
+from .cli_common import (
+    connect,
+    duration,
+    echo_json,
+    json_option,
+    need_queue,
+    queue_option,
+    queues_option,
+    safe,
+    url_option,
+)
+from .keys import MAX_SHARDS
 
 # -- check ------------------------------------------------------------------------------------
 
@@ -180,3 +192,47 @@ def _announce(base: str, token: str, generated: bool, read_only: bool, where: st
             "the token never crosses the network in clear text",
             err=True,
         )
+
+
+# -- reshard ----------------------------------------------------------------------------------
+
+
+@click.command()
+@queue_option
+@click.option(
+    "--shards",
+    type=click.IntRange(1, MAX_SHARDS),
+    required=True,
+    help="The new shard count.",
+)
+@url_option
+@json_option
+def reshard(queue: str | None, shards: int, url: str | None, as_json: bool) -> None:
+    """Change a queue's shard count (exit 1 if refused).
+
+    Finished tasks still inside the dedupe window move to their new shards, so an id that
+    finished before is still not run again; cron schedules and watched keys (with their
+    waiting tasks) move to the new home shard. Refused while tasks wait, run or are dead,
+    or a worker is alive: stop every producer and worker first. Processes that open the
+    queue while it moves are refused; run the command again to finish a move cut short.
+    """
+    with connect(url) as admin:
+        name = need_queue(admin, queue)
+        result = operate.reshard(admin, name, shards)
+    if as_json:
+        echo_json(
+            {
+                "queue": name,
+                "ok": result.ok,
+                "message": result.message,
+                "old": result.old,
+                "new": result.new,
+                "done": result.done,
+                "waiting": result.waiting,
+                "fields": result.fields,
+            }
+        )
+    else:
+        click.echo(safe(result.message), err=not result.ok)
+    if not result.ok:
+        sys.exit(1)

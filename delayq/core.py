@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from .codec import (
     DEFAULT_MAX_PAYLOAD,
@@ -43,6 +43,8 @@ MAX_KIND_LEN = 200
 # a mistake, not a policy (at one attempt a second it is 11 days of retries).
 MAX_ATTEMPTS = 1_000_000
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
+MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
+SEEK_STATES = ("scheduled", "active", "done", "dead")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,17 @@ class Op(Generic[T]):
     keys: list[str]
     args: list[Arg]
     parse: Callable[[Any], T]
+
+
+class SeekRow(NamedTuple):
+    """One task of a ``seek`` page as the script returned it: the score exactly as replied
+    (a cursor carries it back), the rest undecoded."""
+
+    id: str
+    score: str
+    record: bytes
+    error: Any
+    attempt: Any
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -346,10 +359,11 @@ class QueueCore:
 
         return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
 
-    def shard_count(self, want: int) -> Op[int]:
+    def shard_count(self, want: int, *, store: bool = True) -> Op[int]:
         """The queue's stored shard count, storing ``want`` if none is and nothing waits
+        (``store=False``: only read; 0 when none is stored); -1 while it is being resharded
         (call it on the unsplit queue's core; see shards.py)."""
-        return self.op("shards", {"want": want}, [], int)
+        return self.op("shards", {"want": want, "store": "1" if store else "0"}, [], int)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
         if offset < 0 or limit < 1:
@@ -363,6 +377,31 @@ class QueueCore:
             return out
 
         return self.op("dead", {"offset": offset, "limit": limit}, [], parse)
+
+    def seek(
+        self, state: str, after: tuple[str, str] | None = None, limit: int = 100
+    ) -> Op[list[SeekRow]]:
+        """A page of tasks in ``state`` after the cursor ``after`` = (score as a reply gave
+        it, id): keyset paging, as cheap deep as on the first page (scheduled, active and
+        done oldest first, dead most recent first). Rows stay undecoded (see
+        :meth:`seek_info`): a sharded queue's merge decodes only the rows it keeps."""
+        if state not in SEEK_STATES:
+            raise InvalidTaskError(f"a page shows one of {', '.join(SEEK_STATES)}, not {state!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SEEK:
+            raise InvalidTaskError(f"a page needs 1 <= limit <= {MAX_SEEK}, got {limit!r}")
+        score, tid = after if after is not None else ("", "")
+
+        def parse(r: Any) -> list[SeekRow]:
+            return [
+                SeekRow(_s(r[i]), _s(r[i + 1]), _b(r[i + 2] or b""), r[i + 3], r[i + 4])
+                for i in range(0, len(r), 5)
+            ]
+
+        args: dict[str, Arg] = {"state": state, "score": score, "id": tid, "limit": limit}
+        return self.op("seek", args, [], parse)
+
+    def seek_info(self, state: str, row: SeekRow) -> TaskInfo:
+        return self.task_info(row.id, state, float(row.score), row.record, row.error, row.attempt)
 
     def replay(
         self,

@@ -1,12 +1,15 @@
 """Operator actions shared by the CLI and the dashboard: run a task now, replay or purge dead
-tasks in bounded batches with progress. Each batch is one script call of the queue API."""
+tasks in bounded batches with progress, change a queue's shard count. Each batch is one script
+call of the queue API."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .admin import Admin
 from .queue import Progress, Queue
+from .reshard import BATCH, ReshardResult, reshard_plan
 from .timing import Duration
 
 
@@ -56,3 +59,16 @@ def purge_dead(
 ) -> int:
     """Delete these dead tasks, or all (that died ``older_than`` ago); returns how many."""
     return queue._runner.drive(queue._purge_plan(ids, older_than, progress))
+
+
+def reshard(admin: Admin, name: str, shards: int, *, batch: int = BATCH) -> ReshardResult:
+    """Change queue ``name``'s shard count to ``shards``, carrying over what it remembers:
+    finished tasks kept for the dedupe window go to their new shards, and cron schedules and
+    watched keys (with their waiting tasks) to the new home shard. Refused, with what is in
+    the way, while tasks wait (other than those), run or are dead, or a worker is alive.
+    A move cut short is finished by calling this again with the same count (see reshard.py).
+    """
+    try:
+        return admin.runner.drive(reshard_plan(name, shards, prefix=admin.prefix, batch=batch))
+    finally:
+        admin.forget(name)  # its cached Queue knew the old count

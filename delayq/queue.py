@@ -33,8 +33,8 @@ from .errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from .expiring import AsyncExpiring, Expiring
 from .keys import DEFAULT_PREFIX
 from .runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
-from .shards import Shards, add_stats, merge_dead
-from .task import QueueStats, Scheduled, TaskInfo, WorkerInfo
+from .shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
+from .task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from .timing import Duration, seconds
 
 T = TypeVar("T")
@@ -187,10 +187,18 @@ class _Base(Generic[C]):
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
 
-    def _check_shards_plan(self) -> Plan[None]:
-        """Once per queue object, before its first write: refuse a different shard count."""
+    def _check_shards_plan(self, store: bool = True) -> Plan[None]:
+        """Once per queue object, before its first write or read of a task: refuse a
+        different shard count (a read stores none; see Shards.verify)."""
         if not self.shards.checked:
-            self.shards.verify((yield ("run", self.shards.check_op())))
+            self.shards.verify((yield ("run", self.shards.check_op(store=store))))
+
+    def _task_plan(self, op: Op[T]) -> Plan[T]:
+        """One call on a task's shard (get, cancel, reschedule), after the shard count check:
+        opened with the wrong count, the task's shard would be the wrong one."""
+        yield from self._check_shards_plan(store=False)
+        reply: T = yield ("run", op)
+        return reply
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
@@ -243,6 +251,15 @@ class _Base(Generic[C]):
             raise InvalidTaskError("dead() needs offset >= 0 and limit >= 1")
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
+
+    def _page_plan(self, state: str, limit: int, after: str | None) -> Plan[TaskPage]:
+        """Keyset paging: one page after the cursor from each shard, merged."""
+        ops = [
+            c.seek(state, decode_cursor(after) if after else None, limit) for c in self.shards.cores
+        ]
+        yield from self._check_shards_plan(store=False)
+        parts = yield from batch_plan(ops)
+        return merge_page(parts, state, limit, functools.partial(self.core.seek_info, state))
 
     def _replay_plan(
         self, ids: Iterable[str] | None, progress: Progress | None = None
@@ -327,16 +344,17 @@ class Queue(_Base[redis.Redis]):
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self._runner.run(self._of(task_id).cancel(task_id))
+        return self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
-        return self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
+        op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
+        return self._runner.drive(self._task_plan(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self._runner.run(self._of(task_id).get(task_id))
+        return self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
         return self._runner.drive(self._stats_plan())
@@ -344,6 +362,14 @@ class Queue(_Base[redis.Redis]):
     def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """A page of the dead set, most recent first."""
         return self._runner.drive(self._dead_plan(offset, limit))
+
+    def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
+        """A page of the tasks in one state: ``"scheduled"`` (by due time), ``"active"`` (by
+        lease deadline), ``"done"`` (by finish time) or ``"dead"`` (most recent first). Pass
+        the page's ``next`` as ``after`` for the following one: every page costs about the
+        same however deep it is (on a sharded queue, at most ``limit`` from each shard),
+        unlike ``dead(offset=...)``."""
+        return self._runner.drive(self._page_plan(state, limit, after))
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
@@ -399,21 +425,25 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self._runner.run(self._of(task_id).cancel(task_id))
+        return await self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
-        return await self._runner.run(self._of(task_id).reschedule(task_id, delay=delay, at=at))
+        op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
+        return await self._runner.drive(self._task_plan(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self._runner.run(self._of(task_id).get(task_id))
+        return await self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
         return await self._runner.drive(self._stats_plan())
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         return await self._runner.drive(self._dead_plan(offset, limit))
+
+    async def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
+        return await self._runner.drive(self._page_plan(state, limit, after))
 
     async def workers(self) -> list[WorkerInfo]:
         return await self._runner.run(self.core.workers())

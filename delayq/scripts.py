@@ -151,6 +151,10 @@ NAMES = (
     "cron_read",
     "shards",
     "cron_sync",
+    "seek",
+    "reshard_mark",
+    "move_tasks",
+    "move_fields",
 )
 
 

@@ -8,14 +8,15 @@ live there. With one shard (the default) the keys are those of an unsplit queue.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from .core import Op, QueueCore
-from .errors import ConfigurationError
+from .core import Op, QueueCore, SeekRow, validate_task_id
+from .errors import ConfigurationError, InvalidTaskError
 from .keys import MAX_SHARDS, shard_of
-from .task import QueueStats, TaskInfo
+from .task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")
 
@@ -52,18 +53,30 @@ class Shards:
             by.setdefault(shard_of(task_id(item), self.n), []).append(item)
         return [(self.cores[i], by[i]) for i in sorted(by)]
 
-    def check_op(self) -> Op[int]:
-        """Read (or set once) the stored shard count; see :meth:`verify`."""
-        return self.root.shard_count(self.n)
+    def check_op(self, *, store: bool = True) -> Op[int]:
+        """Read (or, with ``store``, set once) the stored shard count; see :meth:`verify`.
+        Writes store it; reads (get, cancel, reschedule) only compare."""
+        return self.root.shard_count(self.n, store=store)
 
     def verify(self, stored: int) -> None:
+        """Refuse a count other than the stored one. Remembered once a count is stored, so
+        each queue object pays the check's round trip once; a read that finds none stored
+        (0) passes and checks again next time."""
+        if stored == 0:
+            return
+        if stored < 0:
+            raise ConfigurationError(
+                f"queue {self.home.name!r} is being resharded (the key {self.root.keys.shards} "
+                "has a 'moving' field): finish it with `delayq reshard`, then open the queue "
+                "with the new shard count"
+            )
         if stored != self.n:
             name = self.home.name
             raise ConfigurationError(
                 f"queue {name!r} is split into {stored} shard(s), but was opened with "
                 f"shards={self.n}: open it with shards={stored}. Every process must use the "
-                "same number; to change it, stop them all, drain the queue (nothing waiting, "
-                f"running or dead) and delete the key {self.root.keys.shards}"
+                "same number; to change it, stop them all, drain the queue and run "
+                f"`delayq reshard -q {name} --shards N`"
             )
         self.checked = True
 
@@ -103,3 +116,43 @@ def merge_dead(parts: Sequence[list[TaskInfo]], offset: int, limit: int) -> list
         reverse=True,
     )
     return merged[offset : offset + limit]
+
+
+# -- keyset paging: a cursor is the (score, id) of a page's last task ------------------------
+
+
+def encode_cursor(score: str, task_id: str) -> str:
+    """A page's cursor as text (for ``after=`` and the dashboard's links): the score exactly
+    as the server replied it, so the server reads back the very same number."""
+    return f"{score}:{task_id}"
+
+
+_SCORE_RE = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$|^-?inf$")
+
+
+def decode_cursor(cursor: str) -> tuple[str, str]:
+    """(score, id) of a cursor :func:`encode_cursor` made; InvalidTaskError if it is not one."""
+    score, sep, task_id = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+    if not sep or not _SCORE_RE.match(score):
+        raise InvalidTaskError(f"not a page cursor: {str(cursor)[:80]!r}")
+    return score, validate_task_id(task_id)
+
+
+def merge_page(
+    parts: Sequence[list[SeekRow]], state: str, limit: int, info: Callable[[SeekRow], TaskInfo]
+) -> TaskPage:
+    """Each shard's page after one cursor, as the queue's page: the ``limit`` first in the
+    sets' own order ((score, id bytes); the dead set backwards). Each shard gave at most
+    ``limit`` rows, whatever the depth; only those kept are decoded (``info``)."""
+    if len(parts) == 1:
+        merged = parts[0]
+    else:
+        merged = sorted(
+            (row for p in parts for row in p),
+            key=lambda row: (float(row.score), row.id.encode()),
+            reverse=state == "dead",
+        )
+    more = len(merged) > limit or any(len(p) == limit for p in parts)
+    rows = merged[:limit]
+    following = encode_cursor(rows[-1].score, rows[-1].id) if rows and more else None
+    return TaskPage([info(row) for row in rows], following)

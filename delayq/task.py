@@ -170,6 +170,15 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class TaskPage:
+    """A page of tasks in one state (``Queue.page``) and the cursor of the next page: pass
+    ``next`` as ``after=`` to go on (None once a page comes back short: nothing follows)."""
+
+    tasks: list[TaskInfo]
+    next: str | None
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """``Queue.stats()``: counts per state and how the schedule looks right now."""
 

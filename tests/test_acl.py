@@ -18,7 +18,8 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from delayq import AsyncQueue, Fail, Queue, Retry, ScriptError, Task, Worker
+from delayq import AsyncQueue, Fail, Queue, Retry, ScriptError, Task, Worker, operate
+from delayq.admin import Admin
 from delayq.embedded import EmbeddedServer
 from delayq.runner import SyncRunner
 from delayq.scripts import NAMES, SCRIPTS
@@ -129,6 +130,7 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         wait_for(lambda: _state(queue, "fatal") == "dead")
         assert [w.alive for w in queue.workers()] == [True]
         assert [t.id for t in queue.dead()] == ["fatal"]
+        assert [t.id for t in queue.page("dead").tasks] == ["fatal"]
         assert queue.replay(["fatal"]) == 1
         wait_for(lambda: _state(queue, "fatal") == "dead")
         assert queue.purge_dead() == 1
@@ -140,6 +142,10 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert SyncRunner(queue.client).run(queue.core.reap()) == 0
     stats = queue.stats()
     assert stats.counters["succeeded"] == 5 and stats.counters["released"] == 1
+    assert queue.cancel("stuck")
+    with Admin(acl.url) as admin:  # resharding runs as the user too
+        moved = operate.reshard(admin, "orders", 2)
+    assert moved.ok and moved.done == 5, moved
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...

@@ -77,6 +77,10 @@ SHARD_CASES = (
     "test_dead_tasks_of_all_shards_are_listed_replayed_and_purged",
     "test_a_different_shard_count_is_refused",
     "test_an_unsplit_queue_with_waiting_tasks_is_not_split",
+    "test_get_cancel_and_reschedule_on_a_queue_opened_with_the_wrong_shard_count_are_refused",
+    "test_async_get_cancel_and_reschedule_with_the_wrong_shard_count_are_refused",
+    "test_resharding_is_refused_while_tasks_wait_run_or_are_dead",
+    "test_a_queue_being_resharded_is_refused_until_the_move_is_finished",
 )
 for _name in CONTRACT:
     globals()[_name] = getattr(test_api, _name)
@@ -168,4 +172,20 @@ def test_a_worker_per_process_thread_pair_shares_the_shards(
         ids = queue.schedule_many([{"kind": "k", "payload": i} for i in range(600)])
         wait_for(lambda: queue.stats().done == 600, timeout=30)
     assert set(ran) == set(ids) and max(ran.values()) == 1
+    queue.close()
+
+
+def test_pages_of_a_sharded_queue_walk_every_primary_by_cursor(
+    cluster3: Cluster, qname: str
+) -> None:
+    queue = Queue(qname, url=cluster3.url, shards=8)
+    ids = queue.schedule_many([{"kind": "k", "delay": 60 + i % 7} for i in range(300)])
+    walked, after = [], None
+    while True:
+        page = queue.page("scheduled", limit=40, after=after)
+        walked += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        after = page.next
+    assert sorted(walked) == sorted(ids) and len(walked) == 300
     queue.close()

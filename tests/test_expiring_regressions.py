@@ -59,9 +59,7 @@ def test_set_after_an_undelivered_expiry_still_delivers_the_first_value(
     assert calls.got() == Counter({("session:1", "first"): 1, ("session:1", "second"): 1})
 
 
-def test_set_while_a_callback_waits_to_retry_keeps_the_retry(
-    queue: Queue, run_worker: Any
-) -> None:
+def test_set_while_a_callback_waits_to_retry_keeps_the_retry(queue: Queue, run_worker: Any) -> None:
     calls = Calls(retry_once=("first",), after=1.0)
     with run_worker(watcher(queue, calls)):
         queue.expiring.set("session:2", "first", ttl=0.1)

@@ -1334,6 +1334,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.get("a"),
         core.stats(now_ms=NOW),
         core.dead(),
+        core.seek("dead", ("1", "a"), 10),
         core.workers(now_ms=NOW),
         admin.page(core, "scheduled"),
         admin.timeline(core, 60, 10, now_ms=NOW),
@@ -1346,6 +1347,19 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         expiring.confirm_op(core, "k", "x:1:k", 1, now_ms=NOW),
         expiring.delivered_op(core, "k"),
         *cron_builders_once(core),
+        *reshard_builders_once(core),
+    ]
+
+
+def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq import reshard
+    from delayq.core import SeekRow
+
+    row = SeekRow("a", str(NOW), b'{"k":"job"}\n1', None, None)
+    return [
+        reshard.mark_op(core, "read"),
+        reshard.put_tasks_op(core, "done", [row]),
+        reshard.fields_op(core, "read", "cron"),
     ]
 
 

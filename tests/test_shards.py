@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from delayq import ConfigurationError, Queue, Task, Worker
+from delayq import AsyncQueue, ConfigurationError, InvalidTaskError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
 
@@ -244,4 +244,369 @@ def test_dashboard_views_and_cli_actions_cover_every_shard(
     assert operate.replay_dead(admin.queue(qname)) == 3
     assert queue.stats().dead == 0
     admin.close()
+    queue.close()
+
+
+def _wrong_shard_ids(n_stored: int, n_opened: int) -> list[str]:
+    """Ids whose shard key differs between the two counts (so a read would look elsewhere)."""
+    return [
+        f"w{i}"
+        for i in range(200)
+        if n_opened == 1 or shard_of(f"w{i}", n_stored) != shard_of(f"w{i}", n_opened)
+    ][:3]
+
+
+def test_get_cancel_and_reschedule_on_a_queue_opened_with_the_wrong_shard_count_are_refused(
+    server: EmbeddedServer, qname: str
+) -> None:
+    split = Queue(qname, url=server.url, shards=4)
+    for n in (1, 8):
+        ids = _wrong_shard_ids(4, n)
+        split.schedule_many([{"kind": "k", "task_id": i, "delay": 60} for i in ids])
+        other = Queue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.get(ids[0])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.cancel(ids[1])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            other.reschedule(ids[2], delay=5)
+        other.close()
+    assert split.stats().scheduled == len(set(_wrong_shard_ids(4, 1) + _wrong_shard_ids(4, 8)))
+    assert split.get("w0") is not None and split.cancel("w0")  # the right count still reads
+    split.close()
+
+
+async def test_async_get_cancel_and_reschedule_with_the_wrong_shard_count_are_refused(
+    server: EmbeddedServer, qname: str
+) -> None:
+    split = AsyncQueue(qname, url=server.url, shards=4)
+    ids = _wrong_shard_ids(4, 8)
+    await split.schedule_many([{"kind": "k", "task_id": i, "delay": 60} for i in ids])
+    for n in (1, 8):
+        other = AsyncQueue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.get(ids[0])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.cancel(ids[1])
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await other.reschedule(ids[2], delay=5)
+        await other.close()
+    assert (await split.stats()).scheduled == 3
+    await split.close()
+
+
+def test_reads_before_any_write_do_not_fix_the_shard_count(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """A get, cancel or reschedule stores nothing: the first write still decides."""
+    reader = Queue(qname, url=server.url, shards=4)
+    assert reader.get("nope") is None and not reader.cancel("nope")
+    plain = Queue(qname, url=server.url)
+    plain.schedule("k", 1, task_id="a", delay=60)  # not refused: the reads stored nothing
+    with pytest.raises(ConfigurationError, match="split into 1 shard"):
+        reader.get("a")
+    plain.close()
+    reader.close()
+
+
+def _seed_dead(queue: Queue, count: int) -> list[tuple[float, str]]:
+    """``count`` dead tasks written straight into their shards, many dying in the same ms
+    (as a batch does); returns (time of death, id) of each."""
+    pipe = queue.client.pipeline(transaction=False)
+    seeded = []
+    for i in range(count):
+        tid, died = f"dead-{i:05d}", 1_700_000_000_000 + i // 7  # runs of 7 share a time
+        keys = queue.shards.of(tid).keys
+        pipe.hset(keys.tasks, tid, b'{"k":"k"}\n1')
+        pipe.zadd(keys.dead, {tid: died})
+        seeded.append((float(died), tid))
+    pipe.execute()
+    return seeded
+
+
+def _hget_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_deep_page_of_a_sharded_queue_reads_one_page_from_each_shard(make_server: Any) -> None:
+    """Keyset paging: each shard returns at most ``limit`` tasks after the cursor, so page
+    31 costs what page 1 does (counted in HGETs: three per task a shard returns), and the
+    pages, walked to the end, hold every task once in the sets' order."""
+    srv = make_server(appendonly=False)
+    queue = Queue("deep", url=srv.url, shards=4)
+    seeded = _seed_dead(queue, 3200)
+    queue.schedule_many(
+        [{"kind": "k", "task_id": f"w{i}", "delay": 60 + i % 50} for i in range(1500)]
+    )
+    # The dead set, most recent first, ties by id backwards; every page full until the last.
+    walked: list[str] = []
+    after, costs = None, []
+    while True:
+        before = _hget_calls(queue.client)
+        page = queue.page("dead", limit=100, after=after)
+        costs.append(_hget_calls(queue.client) - before)
+        walked += [t.id for t in page.tasks]
+        assert all(t.state == "dead" and t.payload == 1 for t in page.tasks)
+        if page.next is None:
+            break
+        after = page.next
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    assert len(costs) >= 32 and max(costs) <= 4 * 100 * 3, costs  # not offset + limit per shard
+    # Waiting tasks, by due time: the same walk.
+    waiting: list[str] = []
+    after = None
+    while True:
+        before = _hget_calls(queue.client)
+        page = queue.page("scheduled", limit=200, after=after)
+        assert _hget_calls(queue.client) - before <= 4 * 200 * 3
+        waiting += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        after = page.next
+    assert len(waiting) == len(set(waiting)) == 1500
+    dues = [queue.get(i).due_at for i in waiting[::97]]  # type: ignore[union-attr]
+    assert dues == sorted(dues)  # type: ignore[type-var]
+    queue.close()
+
+
+async def test_async_pages_walk_a_sharded_dead_set_by_cursor(make_server: Any) -> None:
+    srv = make_server(appendonly=False)
+    sync = Queue("deep", url=srv.url, shards=3)
+    seeded = _seed_dead(sync, 250)
+    sync.close()
+    queue = AsyncQueue("deep", url=srv.url, shards=3)
+    walked, after = [], None
+    while True:
+        page = await queue.page("dead", limit=40, after=after)
+        walked += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        after = page.next
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    await queue.close()
+
+
+def test_the_dashboard_pages_past_a_thousand_waiting_tasks_of_a_sharded_queue(
+    make_server: Any,
+) -> None:
+    """Its "more" links carry a cursor: every waiting task is reached, once, in due order
+    (an offset past 1,000 was refused before)."""
+    import re
+
+    import httpx
+
+    from .dashboard_helpers import TOKEN, DashboardThread
+
+    srv = make_server(appendonly=False)
+    queue = Queue("deep", url=srv.url, shards=4)
+    queue.schedule_many(
+        [{"kind": "k", "task_id": f"w{i:04d}", "delay": 60 + i} for i in range(1100)]
+    )
+    shown: list[str] = []
+    with (
+        DashboardThread(srv.url, ["deep"]) as base,
+        httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as http,
+    ):
+        path: str | None = "/queues/deep/scheduled"
+        for _ in range(40):
+            if path is None:
+                break
+            r = http.get(path)
+            assert r.status_code == 200, (path, re.findall(r"page needs[^<]*", r.text))
+            shown += re.findall(r"id=(w\d{4})\"", r.text)
+            more = re.search(r'<a href="(\?[^"]+)">more', r.text)
+            path = "/queues/deep/scheduled" + more.group(1).replace("&amp;", "&") if more else None
+    assert shown == [f"w{i:04d}" for i in range(1100)]
+    queue.close()
+
+
+def _reshard(url: str, name: str, shards: int) -> Any:
+    from click.testing import CliRunner
+
+    from delayq.cli import main
+
+    args = ["reshard", "-q", name, "--shards", str(shards), "--url", url, "--json"]
+    return CliRunner().invoke(main, args)
+
+
+def test_resharding_keeps_finished_ids_cron_schedules_and_watched_keys(
+    make_server: Any, run_worker: Any
+) -> None:
+    """`delayq reshard` from 1 to 4 shards, then 4 to 2 and back to 1: an id finished within
+    the dedupe window is still not run again, and the cron schedule, the watched key and
+    their waiting tasks are on the home shard of each count, served by its workers."""
+    import json
+
+    srv = make_server(appendonly=False)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def serve(queue: Queue) -> Worker:
+        worker = Worker(queue, concurrency=8)
+
+        @worker.handler("k")
+        def k(task: Task) -> None:
+            with lock:
+                ran.append(task.id)
+
+        worker.every(3600, name="hourly")(lambda task: None)
+        worker.on_expire("sess:*")(lambda expired: ran.append(f"expired:{expired.key}"))
+        return worker
+
+    plain = Queue("rs", url=srv.url, dedupe_window=3600)
+    finished = [f"f{i}" for i in range(60)]
+    plain.schedule_many([{"kind": "k", "task_id": i} for i in finished])
+    with run_worker(serve(plain)):
+        wait_for(lambda: plain.stats().done == 60)
+    plain.expiring.set("sess:1", {"user": 7}, 3600)
+    before = plain.stats()
+    assert before.scheduled == 2  # the next hourly occurrence and the watched key's task
+    home_keys = plain.core.keys
+    for round_, n in enumerate((4, 2, 1)):
+        result = _reshard(srv.url, "rs", n)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output)
+        assert report["ok"] and report["done"] > 0, report
+        queue = Queue("rs", url=srv.url, shards=n, dedupe_window=3600)
+        stats = queue.stats()
+        assert (stats.scheduled, stats.done, stats.dead) == (2, 60 + round_, 0), (n, stats)
+        queue.schedule_many([{"kind": "k", "task_id": i} for i in finished])  # all remembered
+        assert queue.stats().scheduled == 2
+        assert all(queue.get(i).state == "done" for i in finished)  # type: ignore[union-attr]
+        keys = queue.core.keys
+        assert queue.client.hget(keys.cron, "hourly") is not None
+        assert queue.client.hget(keys.xkeys, "sess:1") is not None
+        if n > 1:  # the unsplit queue keeps the shard count and its counters, nothing else
+            left = set(queue.client.scan_iter(match=home_keys.base + ":*"))
+            assert left == {home_keys.shards.encode(), home_keys.stats.encode()}, left
+        with run_worker(serve(queue)):
+            queue.schedule("k", task_id=f"new{n}")
+            wait_for(lambda n=n: f"new{n}" in ran)  # type: ignore[misc]
+            if n == 1:  # the watched key, moved there and back, still fires
+                assert queue.expiring.touch("sess:1", 0.3)
+                wait_for(lambda: "expired:sess:1" in ran)
+        queue.close()
+    assert sorted(i for i in ran if i.startswith("f")) == sorted(finished)  # each ran once
+    plain.close()
+
+
+def test_resharding_is_refused_while_tasks_wait_run_or_are_dead(
+    server: EmbeddedServer, qname: str
+) -> None:
+    from delayq import operate
+    from delayq.admin import Admin
+
+    queue = Queue(qname, url=server.url, shards=2)
+    queue.schedule("k", 1, delay=60, task_id="waiting")
+    keys = queue.shards.of("gone").keys
+    queue.client.hset(keys.tasks, "gone", b'{"k":"k"}\n1')
+    queue.client.zadd(keys.dead, {"gone": 1})
+    admin = Admin(server.url)
+    result = operate.reshard(admin, qname, 4)
+    assert not result.ok
+    assert "1 waiting task(s)" in result.message and "1 dead task(s)" in result.message
+    cli = _reshard(server.url, qname, 4)
+    assert cli.exit_code == 1 and "1 dead task(s)" in cli.output
+    assert admin.shard_count(qname) == 2  # unchanged, and not marked as moving
+    queue.schedule("k", 2, delay=60)
+    assert queue.get("waiting") is not None
+    admin.close()
+    queue.close()
+
+
+def test_a_queue_being_resharded_is_refused_until_the_move_is_finished(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """A move cut short leaves its marker: every process that checks the count is refused,
+    a move to another count too, and running the same move again finishes it."""
+    from delayq import operate
+    from delayq.admin import Admin
+    from delayq.reshard import mark_op
+    from delayq.runner import SyncRunner
+
+    plain = Queue(qname, url=server.url, dedupe_window=3600)
+    plain.schedule("k", 1, delay=60, task_id="w")
+    plain.cancel("w")  # the count (1) is stored
+    now = int(time.time() * 1000)
+    for i in range(30):
+        plain.client.hset(plain.core.keys.tasks, f"d{i}", b'{"k":"k"}\n1')
+        plain.client.zadd(plain.core.keys.done, {f"d{i}": now})
+    assert SyncRunner(plain.client).run(mark_op(plain.shards.root, "begin", "1>3", 1)) == 1
+    for n in (1, 3):
+        fresh = Queue(qname, url=server.url, shards=n)
+        with pytest.raises(ConfigurationError, match="being resharded"):
+            fresh.get("d1")
+        with pytest.raises(ConfigurationError, match="being resharded"):
+            fresh.schedule("k", 2)
+        fresh.close()
+    admin = Admin(server.url)
+    other = operate.reshard(admin, qname, 2)
+    assert not other.ok and "being moved from 1 to 3" in other.message
+    assert admin.queue(qname).shards.n == 1  # cached by the inspector ...
+    finished = operate.reshard(admin, qname, 3)
+    assert finished.ok and finished.done == 30, finished
+    assert admin.queue(qname).shards.n == 3  # ... and read again after the move
+    split = Queue(qname, url=server.url, shards=3, dedupe_window=3600)
+    split.schedule_many([{"kind": "k", "task_id": f"d{i}"} for i in range(30)])
+    assert split.stats().scheduled == 0 and split.stats().done == 30
+    admin.close()
+    split.close()
+    plain.close()
+
+
+def test_delayq_dead_ls_walks_a_sharded_dead_set_by_cursor(
+    server: EmbeddedServer, qname: str
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from delayq.cli import main
+
+    queue = Queue(qname, url=server.url, shards=3)
+    queue.schedule("k", task_id="warm", delay=60)  # stores the count
+    seeded = _seed_dead(queue, 45)
+    walked: list[str] = []
+    after: list[str] = []
+    for _ in range(10):
+        args = ["dead", "ls", "-q", qname, "--limit", "20", "--json", "--url", server.url]
+        out = json.loads(CliRunner().invoke(main, [*args, *after]).output)
+        walked += [t["id"] for t in out["tasks"]]
+        if out["next"] is None:
+            break
+        after = ["--after", out["next"]]
+    assert walked == [tid for _, tid in sorted(seeded, reverse=True)]
+    text = CliRunner().invoke(main, ["dead", "ls", "-q", qname, "--url", server.url])
+    assert "more with --after" in text.output
+    bad = CliRunner().invoke(main, ["dead", "ls", "-q", qname, "--after", "x", "--url", server.url])
+    assert bad.exit_code == 2 and "not a page cursor" in bad.output
+    queue.close()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_page_cursor_still_leads_on_when_its_task_is_gone(
+    server: EmbeddedServer, qname: str, shards: int
+) -> None:
+    """The cursor is a place in the order, not a task: the task it was taken from may be
+    replayed or purged meanwhile (here in the middle of a run of equal death times)."""
+    queue = Queue(qname, url=server.url, shards=shards)
+    seeded = [tid for _, tid in sorted(_seed_dead(queue, 40), reverse=True)]
+    first = queue.page("dead", limit=10)
+    assert [t.id for t in first.tasks] == seeded[:10] and first.next is not None
+    assert first.next.endswith(":" + seeded[9])
+    assert queue.purge_dead([seeded[9], seeded[10]]) == 2
+    rest: list[str] = []
+    page = queue.page("dead", limit=10, after=first.next)
+    while True:
+        rest += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        page = queue.page("dead", limit=10, after=page.next)
+    assert rest == seeded[11:]
+    with pytest.raises(InvalidTaskError, match="not a page cursor"):
+        queue.page("dead", after="garbage")
+    with pytest.raises(InvalidTaskError, match="shows one of"):
+        queue.page("waiting")
     queue.close()

@@ -37,6 +37,7 @@ from ..errors import ConnectionFailed, DelayqError, InvalidTaskError
 from ..metrics import QueueCollector
 from ..present import first_line, human_seconds, payload_text, preview, relative, timestamp
 from ..queue import Queue
+from ..task import TaskInfo
 from .auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
 from .charts import WINDOWS, lateness_chart, timeline_chart
 
@@ -160,12 +161,26 @@ class Dashboard:
             upcoming=upcoming,
         )
 
+    def _page(
+        self, request: Request, name: str, state: str
+    ) -> tuple[list[TaskInfo], int, str | None, str | None]:
+        """(tasks, offset, cursor of this page, cursor of the next): keyset paging by the
+        ``after`` cursor; an old ``?offset=`` link still reads by offset."""
+        offset = self._offset(request)
+        after = request.query_params.get("after") or None
+        if offset and after is None:
+            if state == "dead":
+                return self.admin.dead(name, offset, PAGE), offset, None, None
+            running: PageState = "active" if state == "active" else "scheduled"
+            return self.admin.tasks(name, running, offset, PAGE), offset, None, None
+        page = self.admin.page(name, state, PAGE, after)
+        return page.tasks, 0, after, page.next
+
     def tasks_page(self, request: Request) -> HTMLResponse:
         q = self.queue(request.path_params["name"])
         state: PageState = "active" if request.url.path.endswith("/active") else "scheduled"
-        offset = self._offset(request)
         ov = self.admin.overview(q.name)
-        tasks = self.admin.tasks(q.name, state, offset, PAGE)
+        tasks, offset, after, next_after = self._page(request, q.name, state)
         total = ov.stats.active if state == "active" else ov.stats.scheduled
         return self.render(
             request,
@@ -177,14 +192,15 @@ class Dashboard:
             total=total,
             offset=offset,
             page=PAGE,
+            after=after,
+            next_after=next_after,
             now=ov.stats.now,
         )
 
     def dead_page(self, request: Request) -> HTMLResponse:
         q = self.queue(request.path_params["name"])
-        offset = self._offset(request)
         stats = q.stats()
-        tasks = self.admin.dead(q.name, offset, PAGE)
+        tasks, offset, after, next_after = self._page(request, q.name, "dead")
         return self.render(
             request,
             "dead.html",
@@ -194,6 +210,8 @@ class Dashboard:
             total=stats.dead,
             offset=offset,
             page=PAGE,
+            after=after,
+            next_after=next_after,
             now=stats.now,
         )
 

@@ -1,0 +1,45 @@
+-- move_tasks: tasks arriving on, or leaving, this shard while operate.reshard moves a queue
+-- to another shard count (nothing else writes to the queue meanwhile: see reshard_mark).
+-- KEYS[1] scheduled
+-- KEYS[2] done
+-- KEYS[3] tasks
+-- KEYS[4] errors
+-- KEYS[5] attempts
+-- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
+-- ARGV[2] state  "scheduled" or "done": the set they are in
+-- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
+--                   state ("": none); drop: ids
+-- Returns: how many tasks were put or dropped.
+--@include common
+if A.state ~= 'scheduled' and A.state ~= 'done' then
+  return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
+end
+local set = K[A.state]
+if A.mode == 'put' then
+  local n = 0
+  for i = REST, #ARGV - 4, 5 do
+    local id = ARGV[i]
+    redis.call('ZADD', set, ARGV[i + 1], id)
+    redis.call('HSET', K.tasks, id, ARGV[i + 2])
+    if ARGV[i + 3] ~= '' then
+      redis.call('HSET', K.errors, id, ARGV[i + 3])
+    else
+      redis.call('HDEL', K.errors, id)
+    end
+    if ARGV[i + 4] ~= '' then
+      redis.call('HSET', K.attempts, id, ARGV[i + 4])
+    else
+      redis.call('HDEL', K.attempts, id)
+    end
+    n = n + 1
+  end
+  return n
+elseif A.mode == 'drop' then
+  local ids = {}
+  for i = REST, #ARGV do ids[#ids + 1] = ARGV[i] end
+  if #ids == 0 then return 0 end
+  redis.call('ZREM', set, unpack(ids))
+  dq_forget(K, ids)
+  return #ids
+end
+return redis.error_reply('move_tasks: unknown mode ' .. tostring(A.mode))
