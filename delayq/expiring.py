@@ -26,6 +26,7 @@ from .codec import JsonCodec, encode_payload, record_prefix
 from .core import Op, QueueCore, new_task_id
 from .errors import InvalidTaskError
 from .scripts import Arg
+from .text import check as check_text
 from .timing import Duration, ms_to_datetime, seconds
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def validate_key(key: Any) -> str:
         )
     if any(ord(c) < 32 for c in key):
         raise InvalidTaskError(f"watched key {key!r} contains control characters")
-    return key
+    return check_text(key, "watched key")
 
 
 def _ttl_ms(ttl: Duration) -> int:
@@ -179,14 +180,14 @@ class Expiring:
         matches gets the value once the key expires. Returns the deadline (server clock)."""
         core = self._queue.core
         data = encode_value(core, value)
-        deadline = self._queue._runner.run(set_op(core, key, data, ttl))
+        deadline = self._queue.execute(set_op(core, key, data, ttl), write=True)
         self._queue.client.set(key, data, pxat=deadline)
         return ms_to_datetime(deadline)
 
     def touch(self, key: str, ttl: Duration) -> bool:
         """Give a watched key a new TTL; False if it is not watched or has expired (its
         callback then runs as it would have)."""
-        deadline = self._queue._runner.run(touch_op(self._queue.core, key, ttl))
+        deadline = self._queue.execute(touch_op(self._queue.core, key, ttl))
         if deadline < 0:
             return False
         return bool(self._queue.client.pexpireat(key, deadline))
@@ -194,7 +195,7 @@ class Expiring:
     def delete(self, key: str) -> bool:
         """Delete a watched key without a callback; True if it had not expired. An expiry
         that happened (waiting, running or retrying) is still delivered: False."""
-        cancelled = self._queue._runner.run(delete_op(self._queue.core, key))
+        cancelled = self._queue.execute(delete_op(self._queue.core, key))
         self._queue.client.delete(key)
         return cancelled
 
@@ -208,17 +209,17 @@ class AsyncExpiring:
     async def set(self, key: str, value: Any, ttl: Duration) -> datetime:
         core = self._queue.core
         data = encode_value(core, value)
-        deadline = await self._queue._runner.run(set_op(core, key, data, ttl))
+        deadline = await self._queue.execute(set_op(core, key, data, ttl), write=True)
         await self._queue.client.set(key, data, pxat=deadline)
         return ms_to_datetime(deadline)
 
     async def touch(self, key: str, ttl: Duration) -> bool:
-        deadline = await self._queue._runner.run(touch_op(self._queue.core, key, ttl))
+        deadline = await self._queue.execute(touch_op(self._queue.core, key, ttl))
         if deadline < 0:
             return False
         return bool(await self._queue.client.pexpireat(key, deadline))
 
     async def delete(self, key: str) -> bool:
-        cancelled = await self._queue._runner.run(delete_op(self._queue.core, key))
+        cancelled = await self._queue.execute(delete_op(self._queue.core, key))
         await self._queue.client.delete(key)
         return cancelled

@@ -193,10 +193,11 @@ class _Base(Generic[C]):
         if not self.shards.checked:
             self.shards.verify((yield ("run", self.shards.check_op(store=store))))
 
-    def _task_plan(self, op: Op[T]) -> Plan[T]:
-        """One call on a task's shard (get, cancel, reschedule), after the shard count check:
-        opened with the wrong count, the task's shard would be the wrong one."""
-        yield from self._check_shards_plan(store=False)
+    def _checked_plan(self, op: Op[T], store: bool = False) -> Plan[T]:
+        """One call, after the shard count check: opened with the wrong count, a task's
+        shard (get, cancel, reschedule), the home shard (workers, watched keys) would be the
+        wrong one. ``store``: a write, which stores the count when none is."""
+        yield from self._check_shards_plan(store=store)
         reply: T = yield ("run", op)
         return reply
 
@@ -237,6 +238,7 @@ class _Base(Generic[C]):
         return self.shards.of(validate_task_id(task_id))
 
     def _stats_plan(self) -> Plan[QueueStats]:
+        yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
             stats: QueueStats = yield ("run", self.core.stats())
             return stats
@@ -244,6 +246,7 @@ class _Base(Generic[C]):
         return add_stats(parts)
 
     def _dead_plan(self, offset: int, limit: int) -> Plan[list[TaskInfo]]:
+        yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
             page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
             return page
@@ -265,6 +268,7 @@ class _Base(Generic[C]):
         self, ids: Iterable[str] | None, progress: Progress | None = None
     ) -> Plan[int]:
         """Replay in bounded batches, one script call each (``progress`` hears each count)."""
+        yield from self._check_shards_plan(store=False)
         if ids is not None:
             ops = [
                 core.replay(chunk)
@@ -281,6 +285,7 @@ class _Base(Generic[C]):
         older_than: Duration | None,
         progress: Progress | None = None,
     ) -> Plan[int]:
+        yield from self._check_shards_plan(store=False)
         if ids is not None:
             ops = [
                 core.purge_dead(chunk)
@@ -344,17 +349,17 @@ class Queue(_Base[redis.Redis]):
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
+        return self._runner.drive(self._checked_plan(self._of(task_id).cancel(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return self._runner.drive(self._task_plan(op))
+        return self._runner.drive(self._checked_plan(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
+        return self._runner.drive(self._checked_plan(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
         return self._runner.drive(self._stats_plan())
@@ -373,7 +378,13 @@ class Queue(_Base[redis.Redis]):
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
-        return self._runner.run(self.core.workers())
+        return self.execute(self.core.workers())
+
+    def execute(self, op: Op[T], *, write: bool = False) -> T:
+        """Run one script call built by delayq's builders (``delayq.expiring``'s ops, say)
+        on this queue, after the check that the queue is opened with its stored shard
+        count. ``write``: the call writes, and stores the count when none is stored."""
+        return self._runner.drive(self._checked_plan(op, store=write))
 
     def replay(self, ids: Iterable[str] | None = None) -> int:
         """Run dead tasks again (all of them when ``ids`` is None); returns how many."""
@@ -425,16 +436,16 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self._runner.drive(self._task_plan(self._of(task_id).cancel(task_id)))
+        return await self._runner.drive(self._checked_plan(self._of(task_id).cancel(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return await self._runner.drive(self._task_plan(op))
+        return await self._runner.drive(self._checked_plan(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self._runner.drive(self._task_plan(self._of(task_id).get(task_id)))
+        return await self._runner.drive(self._checked_plan(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
         return await self._runner.drive(self._stats_plan())
@@ -446,7 +457,12 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self._runner.drive(self._page_plan(state, limit, after))
 
     async def workers(self) -> list[WorkerInfo]:
-        return await self._runner.run(self.core.workers())
+        return await self.execute(self.core.workers())
+
+    async def execute(self, op: Op[T], *, write: bool = False) -> T:
+        """Run one script call on this queue after the shard count check (see
+        :meth:`Queue.execute`)."""
+        return await self._runner.drive(self._checked_plan(op, store=write))
 
     async def replay(self, ids: Iterable[str] | None = None) -> int:
         return await self._runner.drive(self._replay_plan(ids))

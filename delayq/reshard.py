@@ -11,8 +11,10 @@ new count looks for it:
   one), its cron schedules, watched keys, the expiry watcher's mode, and the waiting cron
   occurrences and watched keys' tasks go to the new home shard.
 
-While it moves, the stored count carries a "moving" marker (``reshard_mark.lua``): any process
-that checks the count is refused, so nothing is written where neither count looks. Each
+While it moves, the stored count carries a "moving" marker (``reshard_mark.lua``): a process
+that checks the count from then on is refused. A ``Queue`` object checks once, on its first
+call, so producers, dashboards and exporters already running are not refused and could write
+where neither count looks: stop them before a reshard (docs/operations.md says so). Each
 script touches one shard, so a move across a cluster's slots is many calls, each batch put
 on its new shard before it is dropped from its old one; a move cut short (a crash, a lost
 connection) is finished by running it again with the same count.
@@ -82,12 +84,16 @@ def drop_tasks_op(core: QueueCore, state: str, ids: Sequence[str]) -> Op[int]:
     return core.op("move_tasks", {"mode": "drop", "state": state}, list(ids), int)
 
 
-def fields_op(core: QueueCore, mode: str, which: str, items: Sequence[bytes] = ()) -> Op[Any]:
-    """Read (flat field, value pairs), put (pairs) or drop (fields) a home shard hash:
-    ``cron``, ``xkeys`` or ``expiry``."""
+def fields_op(
+    core: QueueCore, mode: str, which: str, items: Sequence[bytes | str | int] = ()
+) -> Op[Any]:
+    """Read (items: cursor, count; reply: next cursor, flat field, value pairs), put (pairs)
+    or drop (fields) a home shard hash: ``cron``, ``xkeys`` or ``expiry``."""
 
     def parse(r: Any) -> Any:
-        return [_bytes(x) for x in r] if mode == "read" else int(r)
+        if mode == "read":
+            return _text(r[0]), [_bytes(x) for x in r[1]]
+        return int(r)
 
     return core.op("move_fields", {"mode": mode, "which": which}, list(items), parse)
 
@@ -227,7 +233,14 @@ def _move_tasks(src: QueueCore, new: Shards, state: str, batch: int) -> Plan[int
 
 
 def _move_fields(src: QueueCore, dst: QueueCore, which: str, batch: int) -> Plan[int]:
-    items: list[bytes] = yield ("run", fields_op(src, "read", which))
+    pairs: dict[bytes, bytes] = {}  # HSCAN may return a field twice
+    cursor = "0"
+    while True:
+        cursor, step = yield ("run", fields_op(src, "read", which, [cursor, batch]))
+        pairs.update(zip(step[0::2], step[1::2], strict=True))
+        if cursor == "0":
+            break
+    items = [x for pair in pairs.items() for x in pair]
     for i in range(0, len(items), 2 * batch):
         yield ("run", fields_op(dst, "put", which, items[i : i + 2 * batch]))
     fields = items[0::2]

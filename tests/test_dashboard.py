@@ -131,6 +131,8 @@ def test_read_only_mode_shows_no_buttons_and_refuses_actions(
         refused = http.post(f"/queues/{queue.name}/dead/purge", data={"all": "1"})
         assert refused.status_code == 403
         assert http.get("/queues/not-shown").status_code == 404
+        bad = http.get(f"/queues/{queue.name}/dead?after=not-a-cursor")
+        assert bad.status_code == 400 and "not a page cursor" in bad.text  # the user's mistake
     assert queue.stats().dead == 1
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue, Task, Worker, leasing
+from delayq import AsyncQueue, Queue, Task, Worker, leasing
 from delayq.runner import AsyncRunner, SyncRunner
 from delayq.worker.outcome import Finisher, Outcome
 from delayq.worker.supervise import Supervisor, WorkerFailed
@@ -285,3 +285,44 @@ def test_replace_of_a_running_task_changes_nothing_and_says_so(queue: Queue) -> 
     )
     assert [(str(s), s.status) for s in many] == [("r", "running"), ("new", "created")]
     assert queue.stats().counters.get("scheduled") == 2  # "running" created nothing
+
+
+async def test_results_the_server_refuses_for_now_are_kept_until_it_accepts_them(
+    server: Any, qname: str
+) -> None:
+    # The other side of giving a result up: a server that refuses every write for a while
+    # (here the worker's user loses and regains EVALSHA; out of memory or a demoted primary
+    # is the same) must not make the writer drop results, or their tasks would run again.
+    admin = redis.Redis.from_url(server.url)
+    user = f"flaky-{qname}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "+@all", "~*", "&*")
+    aqueue = AsyncQueue(qname, url=server.url.replace("redis://", f"redis://{user}:pw@"))
+    try:
+        await aqueue.schedule_many([{"kind": "k", "task_id": f"t{i}"} for i in range(3)])
+        runner = AsyncRunner(aqueue.client)
+        claim = leasing.claim(aqueue.core, limit=3, lease_ms=60_000, lookahead_ms=0)
+        claimed = (await runner.run(claim)).tasks
+        written: list[str] = []
+        dropped: list[str] = []
+        finisher = Finisher(
+            aqueue.shards,
+            runner,
+            lambda outcomes, refused: written.extend(o.id for o in outcomes),
+            lambda outcomes: dropped.extend(o.id for o in outcomes),
+        )
+        admin.execute_command("ACL", "SETUSER", user, "-evalsha")
+        writer = asyncio.create_task(finisher.run())
+        for c in claimed:
+            finisher.add(Outcome("ack", c.id, c.token))
+        await asyncio.sleep(2.0)  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff: 4 refusals, one pass alone
+        assert written == [] and dropped == []
+        admin.execute_command("ACL", "SETUSER", user, "+evalsha")
+        await asyncio.wait_for(finisher.drained(), 15)
+        assert sorted(written) == ["t0", "t1", "t2"] and dropped == []
+        assert (await aqueue.stats()).done == 3
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+    finally:
+        await aqueue.close()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()

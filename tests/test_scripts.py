@@ -1359,7 +1359,7 @@ def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
     return [
         reshard.mark_op(core, "read"),
         reshard.put_tasks_op(core, "done", [row]),
-        reshard.fields_op(core, "read", "cron"),
+        reshard.fields_op(core, "read", "cron", ["0", 100]),
     ]
 
 

@@ -610,3 +610,41 @@ def test_a_page_cursor_still_leads_on_when_its_task_is_gone(
     with pytest.raises(InvalidTaskError, match="shows one of"):
         queue.page("waiting")
     queue.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_every_call_on_a_queue_opened_with_the_wrong_shard_count_is_refused(
+    server: EmbeddedServer, qname: str, flavour: str
+) -> None:
+    """Not only get/cancel/reschedule: watched keys, the dead set, replay, purge, stats and
+    workers read or write the home shard or a task's shard, which differ by the count."""
+    split = Queue(qname, url=server.url, shards=4)
+    split.schedule("k", None, task_id="w0", delay=60)
+    if flavour == "sync":
+        other: Any = Queue(qname, url=server.url)
+    else:
+        other = AsyncQueue(qname, url=server.url)
+
+    async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        return await result if flavour == "async" else result
+
+    calls = [
+        (other.expiring.set, ("up:1", "v", 60), {}),
+        (other.expiring.touch, ("up:1", 60), {}),
+        (other.expiring.delete, ("up:1",), {}),
+        (other.dead, (), {}),
+        (other.replay, (["w0"],), {}),
+        (other.replay, (), {}),
+        (other.purge_dead, (["w0"],), {}),
+        (other.purge_dead, (), {}),
+        (other.stats, (), {}),
+        (other.workers, (), {}),
+    ]
+    for fn, args, kwargs in calls:
+        with pytest.raises(ConfigurationError, match="split into 4 shard"):
+            await call(fn, *args, **kwargs)
+    assert split.client.exists("up:1") == 0  # nothing was written
+    assert split.client.exists(Queue(qname, url=server.url).core.keys.xkeys) == 0
+    await call(other.close)
+    split.close()

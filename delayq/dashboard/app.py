@@ -336,6 +336,10 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
     async def failed(request: Request, exc: Exception) -> Response:
         return dash.render(request, "error.html", status=500, title="Error", error=str(exc))
 
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        """A request the page cannot answer (a bad page cursor, say): the user's, not ours."""
+        return dash.render(request, "error.html", status=400, title="Bad request", error=str(exc))
+
     async def not_found(request: Request, exc: Exception) -> Response:
         detail = exc.detail if isinstance(exc, HTTPException) else "not found"
         code = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -363,6 +367,7 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
         middleware=[Middleware(TokenAuth, secrets=secrets)],
         exception_handlers={
             ConnectionFailed: unreachable,
+            InvalidTaskError: bad_request,
             DelayqError: failed,
             HTTPException: not_found,
         },

@@ -4,17 +4,19 @@
 -- KEYS[1] cron
 -- KEYS[2] xkeys
 -- KEYS[3] expiry
--- ARGV[1] mode   "read": the hash's fields and values; "put": set the pairs; "drop": delete
+-- ARGV[1] mode   "read": one HSCAN step of the hash; "put": set the pairs; "drop": delete
 --                the fields
 -- ARGV[2] which  "cron", "xkeys" or "expiry"
--- ARGV[3...] items  put: field, value pairs; drop: fields
--- Returns: read: flat field, value pairs; put and drop: how many fields.
+-- ARGV[3...] items  read: cursor, count; put: field, value pairs; drop: fields
+-- Returns: read: {next cursor ("0": done), flat field, value pairs}; put and drop: how many
+--          fields.
 if A.which ~= 'cron' and A.which ~= 'xkeys' and A.which ~= 'expiry' then
   return redis.error_reply('move_fields: unknown hash ' .. tostring(A.which))
 end
 local hash = K[A.which]
 if A.mode == 'read' then
-  return redis.call('HGETALL', hash)
+  -- A step at a time, so that no call reads a whole hash of (say) a million watched keys.
+  return redis.call('HSCAN', hash, ARGV[REST], 'COUNT', ARGV[REST + 1])
 end
 local items = {}
 for i = REST, #ARGV do items[#items + 1] = ARGV[i] end

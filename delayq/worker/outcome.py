@@ -42,19 +42,16 @@ def _op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
     return leasing.release(core, leases, dues=[o.due for o in items])
 
 
-def _ours(e: BaseException) -> bool:
-    """An error delayq expects (a script refused, say), not a bug that needs a traceback."""
-    return isinstance(e, DelayqError)
-
-
 class Finisher:
     """Writes outcomes in batches: one round trip carries every result that finished while
     the previous one was in flight, so a busy worker acks thousands of tasks per call while
-    an idle one acks each at once. A write that fails for want of Redis is kept and tried
-    again, never dropped. One that fails for any other reason (a result the server or the
-    client refuses: a bug) must not hold up the others: the batch is written a result at a
-    time, and a result that cannot be written even alone is given up (``on_dropped``). Its
-    lease is no longer extended, so the task runs again once the lease ends.
+    an idle one acks each at once. A write that fails for want of Redis, or that the
+    server refuses for now (out of memory, a demoted primary), is kept and tried again,
+    never dropped. One result that cannot be written (the client cannot send it, or the
+    server refuses it while it accepts others: a bug) must not hold up the rest: a batch
+    the client cannot send, or the server keeps refusing, is written a result at a time, and
+    only a result that fails alone is given up (``on_dropped``). Its lease is not extended
+    (see Runs), so its task runs again once the lease ends.
     """
 
     def __init__(
@@ -111,20 +108,19 @@ class Finisher:
                 replies = await self.runner.run_many(self._ops(batch))
             except Exception as e:
                 self._pending = batch + self._pending
-                # Refused a few times in a row (not an out-of-memory or a busy server that
-                # passes): one result in the batch may be what is wrong with it.
-                refused_now = not isinstance(e, ConnectionFailed)
-                refusals = refusals + 1 if refused_now else 0
-                if refused_now and (refusals >= REFUSALS_BEFORE_ALONE or not _ours(e)):
-                    log.error(
-                        "could not write %d task results (%s); writing them one by one",
-                        len(batch),
-                        e,
-                        exc_info=not _ours(e),
-                    )
+                if not isinstance(e, DelayqError):  # the client could not send it: a bug
+                    log.error("could not send %d task results", len(batch), exc_info=e)
+                    alone = True
+                else:
+                    # Refused by the server: out of memory, a demoted primary, a busy script
+                    # all pass, so wait as for a connection; refused again and again, the
+                    # batch is tried a result at a time, in case one result is what is wrong.
+                    refusals = refusals + 1 if not isinstance(e, ConnectionFailed) else 0
+                    alone = refusals >= REFUSALS_BEFORE_ALONE
+                if alone:
                     refusals = 0
-                    await self._one_by_one(len(batch))
-                    continue
+                    if await self._one_by_one(len(batch)):
+                        continue
                 log.warning("could not write %d task results, retrying: %s", len(batch), e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -136,29 +132,51 @@ class Finisher:
             if not self._pending:
                 self._idle.set()
 
-    async def _one_by_one(self, n: int) -> None:
-        """Write the first ``n`` pending results each on its own. One whose write fails for
-        want of a connection stays pending; one refused for any other reason is given up."""
+    async def _one_by_one(self, n: int) -> bool:
+        """Write the first ``n`` pending results one at a time, and give up a result only
+        when it alone cannot be written: the client cannot send it, or the server refuses it
+        while it accepts others. Returns False, with every result still pending, when the
+        server refused them all (it refuses everything for now) or the connection failed."""
         batch, self._pending = self._pending[:n], self._pending[n:]
-        kept: list[Outcome] = []
-        for outcome in batch:
+        kept: list[Outcome] = []  # not tried, or refused: pending again unless given up
+        refused: list[Outcome] = []
+        wrote = 0
+        for i, outcome in enumerate(batch):
             try:
                 replies = await self.runner.run_many(self._ops([outcome]))
             except ConnectionFailed:
-                kept.append(outcome)  # Redis went away meanwhile: tried again by run()
+                kept += batch[i:]  # Redis went away: the rest wait for it with run()'s backoff
+                break
+            except DelayqError:
+                refused.append(outcome)
                 continue
             except Exception:
                 log.exception(
-                    "could not write result %r of task %s; giving it up: the task runs again "
+                    "cannot send result %r of task %s; giving it up: the task runs again "
                     "once its lease ends",
                     outcome.action,
                     outcome.id,
                 )
                 self.on_dropped([outcome])
                 continue
+            wrote += 1
             self.on_written([outcome], {tid for reply in replies for tid in reply})
+        if refused and wrote:
+            log.error(
+                "the server refused %d task result(s) while it accepted %d others; giving "
+                "them up: their tasks run again once their leases end (%s)",
+                len(refused),
+                wrote,
+                ", ".join(f"{o.action} {o.id}" for o in refused[:10]),
+            )
+            self.on_dropped(refused)
+        else:
+            kept = refused + kept
         self._pending = kept + self._pending
+        if kept:
+            return False
         self._event.set()
+        return True
 
     def flush_now(self) -> None:
         self._event.set()
