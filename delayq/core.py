@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from .codec import (
     DEFAULT_MAX_PAYLOAD,
@@ -237,7 +237,7 @@ class QueueCore:
         def parse(reply: Any) -> list[str]:
             if reply is None:
                 return ids
-            return [Scheduled.from_reply(i, code) for i, code in zip(ids, reply, strict=True)]
+            return cast(list[str], Scheduled.from_replies(ids, reply))  # each one is a str
 
         return self.op(
             "schedule",

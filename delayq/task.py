@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -106,12 +107,6 @@ class Task:
 
 
 ScheduleStatus = Literal["created", "replaced", "unchanged", "running"]
-_STATUSES: dict[int, ScheduleStatus] = {
-    0: "unchanged",
-    1: "created",
-    2: "replaced",
-    3: "running",
-}
 
 
 class Scheduled(str):
@@ -127,17 +122,24 @@ class Scheduled(str):
       task is never replaced: nothing changed.
     """
 
+    # One subclass per status, whose instances are plain strings (no __dict__): making one
+    # per task scheduled costs what copying the id does, not a Python __init__ and a dict.
+    __slots__ = ()
     status: ScheduleStatus
 
-    def __new__(cls, task_id: str, status: ScheduleStatus) -> Scheduled:
-        obj = super().__new__(cls, task_id)
-        obj.status = status
-        return obj
+    def __new__(cls, task_id: str, status: ScheduleStatus | None = None) -> Scheduled:
+        if cls is Scheduled:
+            if status not in _BY_STATUS:
+                raise ValueError(f"unknown schedule status {status!r}")
+            cls = _BY_STATUS[status]
+        return str.__new__(cls, task_id)
 
-    @classmethod
-    def from_reply(cls, task_id: str, code: Any) -> Scheduled:
-        """From schedule.lua's status code for the task."""
-        return cls(task_id, _STATUSES[int(code)])
+    @staticmethod
+    def from_replies(ids: Sequence[str], codes: Sequence[Any]) -> list[Scheduled]:
+        """From schedule.lua's status code per task (0 unchanged, 1 created, 2 replaced,
+        3 running)."""
+        new = str.__new__
+        return [new(_BY_CODE[int(c)], i) for i, c in zip(ids, codes, strict=True)]
 
     @property
     def created(self) -> bool:
@@ -149,6 +151,20 @@ class Scheduled(str):
 
     def __repr__(self) -> str:
         return f"Scheduled({str(self)!r}, status={self.status!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Scheduled, (str(self), self.status))
+
+
+def _status_class(status: ScheduleStatus) -> type[Scheduled]:
+    return type(f"Scheduled_{status}", (Scheduled,), {"__slots__": (), "status": status})
+
+
+_STATUSES: tuple[ScheduleStatus, ...] = ("unchanged", "created", "replaced", "running")
+_BY_CODE: dict[int, type[Scheduled]] = {
+    code: _status_class(status) for code, status in enumerate(_STATUSES)
+}
+_BY_STATUS: dict[Any, type[Scheduled]] = {c.status: c for c in _BY_CODE.values()}
 
 
 @dataclass(frozen=True)

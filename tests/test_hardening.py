@@ -4,14 +4,16 @@ worker, and every outcome is written."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import pickle
 import sys
 from typing import Any
 
 import pytest
 import redis
 
-from delayq import AsyncQueue, Queue, Task, Worker, leasing
+from delayq import AsyncQueue, Queue, Scheduled, Task, Worker, leasing
 from delayq.runner import AsyncRunner, SyncRunner
 from delayq.worker.outcome import Finisher, Outcome
 from delayq.worker.supervise import Supervisor, WorkerFailed
@@ -326,3 +328,20 @@ async def test_results_the_server_refuses_for_now_are_kept_until_it_accepts_them
         await aqueue.close()
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+def test_scheduled_is_the_id_as_a_str_with_its_status() -> None:
+    s = Scheduled("order:42", "replaced")
+    assert s == "order:42" and isinstance(s, str) and {s: 1}["order:42"] == 1
+    assert (s.status, s.replaced, s.created) == ("replaced", True, False)
+    assert json.dumps({"id": s}) == '{"id": "order:42"}'
+    back = pickle.loads(pickle.dumps(s))
+    assert back == "order:42" and back.status == "replaced"
+    assert [x.status for x in Scheduled.from_replies(["a", "b", "c", "d"], [0, 1, 2, 3])] == [
+        "unchanged",
+        "created",
+        "replaced",
+        "running",
+    ]
+    with pytest.raises(ValueError, match="unknown schedule status"):
+        Scheduled("a", "gone")  # type: ignore[arg-type]

@@ -9,17 +9,9 @@
 -- ARGV[3] limit
 -- Returns: flat quintuples: id, score (ms), record (or false), last error (or false),
 --          attempt state (or false: see get.lua).
+--@include rows
 local set = K.scheduled
 if A.state == 'active' then set = K.active end
 local ids = redis.call('ZRANGE', set, tonumber(A.offset),
   tonumber(A.offset) + tonumber(A.limit) - 1, 'WITHSCORES')
-local out = {}
-for i = 1, #ids, 2 do
-  local id = ids[i]
-  out[#out + 1] = id
-  out[#out + 1] = ids[i + 1]
-  out[#out + 1] = redis.call('HGET', K.tasks, id)
-  out[#out + 1] = redis.call('HGET', K.errors, id)
-  out[#out + 1] = redis.call('HGET', K.attempts, id)
-end
-return out
+return dq_rows(K, ids, 1, #ids - 1, 2)

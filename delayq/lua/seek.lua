@@ -16,6 +16,7 @@
 -- ARGV[4] limit   at most this many tasks
 -- Returns: flat quintuples, in page order: id, score (ms), record (or false), last error
 --          (or false), attempt state (or false: see get.lua).
+--@include rows
 
 -- Byte order, as the sorted set orders members of one score (Lua's < follows the locale).
 -- Bounded by the shorter string.
@@ -59,15 +60,5 @@ end
 if first < 0 then first = 0 end
 if last < first then return {} end
 local ids = redis.call('ZRANGE', set, first, last, 'WITHSCORES')
-local out = {}
-local from, to, step = 1, #ids - 1, 2
-if desc then from, to, step = #ids - 1, 1, -2 end
-for i = from, to, step do
-  local id = ids[i]
-  out[#out + 1] = id
-  out[#out + 1] = ids[i + 1]
-  out[#out + 1] = redis.call('HGET', K.tasks, id)
-  out[#out + 1] = redis.call('HGET', K.errors, id)
-  out[#out + 1] = redis.call('HGET', K.attempts, id)
-end
-return out
+if desc then return dq_rows(K, ids, #ids - 1, 1, -2) end
+return dq_rows(K, ids, 1, #ids - 1, 2)
