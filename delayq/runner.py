@@ -392,6 +392,30 @@ class AsyncRunner:
     ) -> list[Any]:
         return await self.drive(batch_plan(ops, durable))
 
+    async def run_after(self, command: tuple[Any, ...], op: Op[T]) -> tuple[Any, T]:
+        """A plain command's reply, then ``op``'s, the command run first: in one round trip
+        on one server (a pipeline keeps their order), one after the other on a cluster
+        (where the two keys may live on different nodes)."""
+        try:
+            if is_cluster(self.client):
+                first = await self.client.execute_command(*command)  # type: ignore[no-untyped-call]
+                return first, await self.run(op)
+            for _ in range(2):
+                pipe = self.client.pipeline(transaction=False)
+                pipe.execute_command(*command)
+                pipe.evalsha(*_argv(op))
+                first, reply = await pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError):
+                    await self.client.script_load(op.script.source)
+                    continue  # the command is run again too, so it still comes first
+                for r in (first, reply):
+                    if isinstance(r, Exception):
+                        raise r
+                return first, op.parse(reply)
+            raise ScriptError(f"the server forgot script {op.script.name!r} twice in a row")
+        except _REDIS_ERRORS as e:
+            raise translate(e, self.client) from None
+
     async def drive(self, plan: Plan[T]) -> T:
         try:
             step = next(plan)

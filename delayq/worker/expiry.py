@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from redis.exceptions import ClusterDownError, RedisError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import expiring
@@ -140,20 +140,13 @@ class ExpiryWatcher:
         gone), ``Defer`` when other code extended the key (or the deadline is not yet past
         on the server's clock). The key is read before asking the server, so a set made
         after the expiry cannot make it look extended."""
-        client = self.worker.runner.client
         core = self.worker.core
+        wait_ms = 0
         for _ in range(CONFIRM_TRIES):
             try:
-                pttl = await client.pttl(key)
-                if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): wait here
-                    await asyncio.sleep((pttl + 1) / 1000)
-                    pttl = await client.pttl(key)
-            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as e:
-                log.info("could not read the TTL of %r (%s); looking again", key, e)
-                raise Defer(CONFIRM_RETRY_MS) from e
-            try:
-                status, wait_ms = await self.worker.runner.run(
-                    expiring.confirm_op(core, key, task.id, task.token)
+                # The key read first, then the server asked; one round trip on one server.
+                pttl, (status, wait_ms) = await self.worker.runner.run_after(
+                    ("PTTL", key), expiring.confirm_op(core, key, task.id, task.token)
                 )
             except ConnectionFailed as e:
                 # A failover or a reconnect: look again shortly, without using an attempt
@@ -164,6 +157,9 @@ class ExpiryWatcher:
                 raise Discard(f"the expiry of {key!r} was superseded before its deadline")
             if status == expiring.MOVED:
                 return  # set again after this expiry: a live key holds the newer value
+            if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): look again
+                await asyncio.sleep((pttl + 1) / 1000)
+                continue
             if pttl >= 0:
                 raise Defer(int(pttl) + 1)  # other code extended it: re-arm, no attempt used
             if pttl == -1:
