@@ -47,7 +47,7 @@ def replay_dead(
     queue: Queue, ids: Sequence[str] | None = None, progress: Progress | None = None
 ) -> int:
     """Replay these dead tasks, or all of them (oldest first); returns how many."""
-    return queue._runner.drive(queue._replay_plan(ids, progress))
+    return queue.replay(ids, progress=progress)
 
 
 def purge_dead(
@@ -58,7 +58,7 @@ def purge_dead(
     progress: Progress | None = None,
 ) -> int:
     """Delete these dead tasks, or all (that died ``older_than`` ago); returns how many."""
-    return queue._runner.drive(queue._purge_plan(ids, older_than, progress))
+    return queue.purge_dead(ids, older_than=older_than, progress=progress)
 
 
 def reshard(admin: Admin, name: str, shards: int, *, batch: int = BATCH) -> ReshardResult:

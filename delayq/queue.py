@@ -386,15 +386,21 @@ class Queue(_Base[redis.Redis]):
         count. ``write``: the call writes, and stores the count when none is stored."""
         return self._runner.drive(self._checked_plan(op, store=write))
 
-    def replay(self, ids: Iterable[str] | None = None) -> int:
-        """Run dead tasks again (all of them when ``ids`` is None); returns how many."""
-        return self._runner.drive(self._replay_plan(ids))
+    def replay(self, ids: Iterable[str] | None = None, *, progress: Progress | None = None) -> int:
+        """Run dead tasks again (all of them when ``ids`` is None); returns how many.
+        ``progress`` hears how many each batch (one script call) replayed."""
+        return self._runner.drive(self._replay_plan(ids, progress))
 
     def purge_dead(
-        self, ids: Iterable[str] | None = None, *, older_than: Duration | None = None
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        older_than: Duration | None = None,
+        progress: Progress | None = None,
     ) -> int:
-        """Delete dead tasks for good: these ids, or all (that died ``older_than`` ago)."""
-        return self._runner.drive(self._purge_plan(ids, older_than))
+        """Delete dead tasks for good: these ids, or all (that died ``older_than`` ago).
+        ``progress`` hears how many each batch deleted."""
+        return self._runner.drive(self._purge_plan(ids, older_than, progress))
 
     def close(self) -> None:
         if self._owns_client:
@@ -464,13 +470,19 @@ class AsyncQueue(_Base[aredis.Redis]):
         :meth:`Queue.execute`)."""
         return await self._runner.drive(self._checked_plan(op, store=write))
 
-    async def replay(self, ids: Iterable[str] | None = None) -> int:
-        return await self._runner.drive(self._replay_plan(ids))
+    async def replay(
+        self, ids: Iterable[str] | None = None, *, progress: Progress | None = None
+    ) -> int:
+        return await self._runner.drive(self._replay_plan(ids, progress))
 
     async def purge_dead(
-        self, ids: Iterable[str] | None = None, *, older_than: Duration | None = None
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        older_than: Duration | None = None,
+        progress: Progress | None = None,
     ) -> int:
-        return await self._runner.drive(self._purge_plan(ids, older_than))
+        return await self._runner.drive(self._purge_plan(ids, older_than, progress))
 
     async def close(self) -> None:
         if self._owns_client:

@@ -217,7 +217,7 @@ class Dashboard:
 
     def cron_page(self, request: Request) -> HTMLResponse:
         q = self.queue(request.path_params["name"])
-        state = q._runner.run(cron_ops.read(q.core))
+        state = q.execute(cron_ops.read(q.core))
         stats = q.stats()
         return self.render(
             request,
