@@ -167,7 +167,7 @@ async def test_a_result_that_cannot_be_written_is_given_up_alone_and_the_others_
 
 
 def test_a_lease_is_not_extended_while_its_result_cannot_be_written(
-    server: Any, qname: str, run_worker: Any
+    server: Any, qname: str, run_worker: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Leases are never extended for results that are not written. Here the worker's Redis
     # user may not write the done set, so no ack can be stored: the task must run again
@@ -204,7 +204,11 @@ def test_a_lease_is_not_extended_while_its_result_cannot_be_written(
         with run_worker(worker):
             queue.schedule("k", None, task_id="t")
             wait_for(lambda: len(runs) >= 2, timeout=15)
+            n = len(runs)
         assert runs[:2] == [1, 2]
+        # On exit it says how many results it could not write (its unwritten runs, all of
+        # whose leases were left to run down).
+        assert f"could not write {n} results before exiting" in caplog.text
         queue.close()
     finally:
         admin.execute_command("ACL", "DELUSER", user)

@@ -66,6 +66,7 @@ class Finisher:
         self.on_written = on_written
         self.on_dropped = on_dropped
         self._pending: list[Outcome] = []
+        self._writing = 0  # results in the write in flight
         self._event = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -74,6 +75,11 @@ class Finisher:
         self._pending.append(outcome)
         self._idle.clear()
         self._event.set()
+
+    @property
+    def pending(self) -> int:
+        """Results not yet written (waiting, or in the write in flight)."""
+        return len(self._pending) + self._writing
 
     async def drained(self) -> None:
         """Wait until every outcome added so far is written."""
@@ -104,9 +110,11 @@ class Finisher:
             if not batch:
                 self._idle.set()
                 continue
+            self._writing = len(batch)
             try:
                 replies = await self.runner.run_many(self._ops(batch))
             except Exception as e:
+                self._writing = 0
                 self._pending = batch + self._pending
                 if not isinstance(e, DelayqError):  # the client could not send it: a bug
                     log.error("could not send %d task results", len(batch), exc_info=e)
@@ -126,7 +134,7 @@ class Finisher:
                 delay = min(delay * 2, 5.0)
                 self._event.set()
                 continue
-            delay, refusals = 0.1, 0
+            delay, refusals, self._writing = 0.1, 0, 0
             refused = {tid for reply in replies for tid in reply}
             self.on_written(batch, refused)
             if not self._pending:
@@ -138,6 +146,7 @@ class Finisher:
         while it accepts others. Returns False, with every result still pending, when the
         server refused them all (it refuses everything for now) or the connection failed."""
         batch, self._pending = self._pending[:n], self._pending[n:]
+        self._writing = n
         kept: list[Outcome] = []  # not tried, or refused: pending again unless given up
         refused: list[Outcome] = []
         wrote = 0
@@ -173,6 +182,7 @@ class Finisher:
         else:
             kept = refused + kept
         self._pending = kept + self._pending
+        self._writing = 0
         if kept:
             return False
         self._event.set()

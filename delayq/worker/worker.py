@@ -526,7 +526,7 @@ class Worker:
             log.error(
                 "could not write %d results before exiting; their leases will expire "
                 "and the tasks run again",
-                len(self.runs.leases),
+                self.finisher.pending,
             )
         with contextlib.suppress(DelayqError):
             await self.runner.run(leasing.unregister(self.core, self.id))
