@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .connection import redact, resolve_url, sync_client
-from .core import Op, QueueCore, _b, _s
+from .core import MAX_SEEK, Op, QueueCore, _b, _s, check_page
 from .errors import InvalidTaskError
 from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from .queue import Queue
@@ -27,7 +27,7 @@ from .shards import add_stats
 from .task import QueueStats, TaskInfo, TaskPage, WorkerInfo
 from .timing import ms_to_datetime
 
-MAX_PAGE = 1000  # tasks per page: bounds the script's run time and its reply
+MAX_PAGE = MAX_SEEK  # tasks per page: bounds the script's run time and its reply
 MAX_BUCKETS = 500
 DISCOVERY_SCAN_CALLS = 1000  # SCAN calls of COUNT 1000: discovery looks at <= 1M keys
 
@@ -103,18 +103,13 @@ class Finished:
 # -- builders for the read-only scripts ----------------------------------------------------
 
 
-def _check_page(offset: int, limit: int) -> None:
-    if offset < 0 or not 1 <= limit <= MAX_PAGE:
-        raise InvalidTaskError(f"a page needs offset >= 0 and 1 <= limit <= {MAX_PAGE}")
-
-
 def page(
     core: QueueCore, state: PageState, offset: int = 0, limit: int = 100
 ) -> Op[list[TaskInfo]]:
     """Waiting tasks by due time, or running tasks by lease deadline."""
     if state not in ("scheduled", "active"):
         raise InvalidTaskError(f"page() shows 'scheduled' or 'active' tasks, not {state!r}")
-    _check_page(offset, limit)
+    check_page(offset, limit)
 
     def parse(r: Any) -> list[TaskInfo]:
         return [
@@ -149,7 +144,7 @@ def timeline(
 
 def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
     """The most recently finished tasks (kept only for the queue's dedupe window)."""
-    _check_page(0, limit)
+    check_page(0, limit)
 
     def parse(r: Any) -> list[Finished]:
         out = []
@@ -310,7 +305,7 @@ class Admin:
 
     def dead(self, name: str, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """Dead tasks, most recent first, with their reasons."""
-        _check_page(offset, limit)
+        check_page(offset, limit)
         return self.queue(name).dead(offset, limit)
 
     def timeline(self, name: str, bucket_seconds: float = 60, buckets: int = 60) -> Timeline:

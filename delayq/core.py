@@ -139,6 +139,21 @@ def validate_max_attempts(value: Any) -> int:
     return value
 
 
+def check_page(offset: Any, limit: Any) -> None:
+    """A page by offset: offset >= 0 and 1 <= limit <= MAX_SEEK (a script's run time and
+    its reply stay bounded; page deeper with a cursor, Queue.page)."""
+    for name, value, low, high in (("offset", offset, 0, None), ("limit", limit, 1, MAX_SEEK)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            raise InvalidTaskError(
+                f"a page needs offset >= 0 and 1 <= limit <= {MAX_SEEK}, got {name}={value!r}"
+            )
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -366,8 +381,7 @@ class QueueCore:
         return self.op("shards", {"want": want, "store": "1" if store else "0"}, [], int)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
-        if offset < 0 or limit < 1:
-            raise InvalidTaskError("dead() needs offset >= 0 and limit >= 1")
+        check_page(offset, limit)
 
         def parse(r: Any) -> list[TaskInfo]:
             out = []

@@ -26,6 +26,7 @@ from .core import (
     QueueCore,
     ScheduleOptions,
     TaskSpec,
+    check_page,
     new_task_ids,
     validate_task_id,
 )
@@ -250,8 +251,7 @@ class _Base(Generic[C]):
         if self.shards.n == 1:
             page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
             return page
-        if offset < 0 or limit < 1:
-            raise InvalidTaskError("dead() needs offset >= 0 and limit >= 1")
+        check_page(offset, limit)
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
 
