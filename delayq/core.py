@@ -43,6 +43,9 @@ MAX_KIND_LEN = 200
 # a mistake, not a policy (at one attempt a second it is 11 days of retries).
 MAX_ATTEMPTS = 1_000_000
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
+# dead() has always taken long pages (a test harness reads 10,000 ids at once); the views'
+# pages and seek() take at most MAX_SEEK.
+MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
 SEEK_STATES = ("scheduled", "active", "done", "dead")
 
@@ -139,10 +142,10 @@ def validate_max_attempts(value: Any) -> int:
     return value
 
 
-def check_page(offset: Any, limit: Any) -> None:
-    """A page by offset: offset >= 0 and 1 <= limit <= MAX_SEEK (a script's run time and
-    its reply stay bounded; page deeper with a cursor, Queue.page)."""
-    for name, value, low, high in (("offset", offset, 0, None), ("limit", limit, 1, MAX_SEEK)):
+def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
+    """A page by offset: offset >= 0 and 1 <= limit <= ``most``, so a script's run time and
+    its reply stay bounded (page deeper with a cursor: Queue.page)."""
+    for name, value, low, high in (("offset", offset, 0, None), ("limit", limit, 1, most)):
         if (
             isinstance(value, bool)
             or not isinstance(value, int)
@@ -150,7 +153,8 @@ def check_page(offset: Any, limit: Any) -> None:
             or (high is not None and value > high)
         ):
             raise InvalidTaskError(
-                f"a page needs offset >= 0 and 1 <= limit <= {MAX_SEEK}, got {name}={value!r}"
+                f"a page needs offset >= 0 and 1 <= limit <= {most}, got {name}={value!r}; "
+                "walk a longer list with Queue.page(state, after=cursor)"
             )
 
 
@@ -381,7 +385,7 @@ class QueueCore:
         return self.op("shards", {"want": want, "store": "1" if store else "0"}, [], int)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
-        check_page(offset, limit)
+        check_page(offset, limit, MAX_DEAD_PAGE)
 
         def parse(r: Any) -> list[TaskInfo]:
             out = []

@@ -21,6 +21,7 @@ from .codec import DEFAULT_MAX_PAYLOAD
 from .connection import RETRIES, async_client, check_client, resolve_url, sync_client
 from .core import (
     DEFAULT_DEDUPE_WINDOW,
+    MAX_DEAD_PAGE,
     REPLY_BATCH,
     Op,
     QueueCore,
@@ -251,7 +252,7 @@ class _Base(Generic[C]):
         if self.shards.n == 1:
             page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
             return page
-        check_page(offset, limit)
+        check_page(offset, limit, MAX_DEAD_PAGE)
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
 
