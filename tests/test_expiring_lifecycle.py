@@ -345,6 +345,15 @@ CASES = table(
         lambda y: W(scheduled={y: NOW}, tasks={y: FOREIGN}, stats={"scheduled": 1}, gate=True),
     ),
     Case(
+        "a mapping its record did not outlive counts as none: the bell is a foreign key's",
+        W(xkeys=MAPPED),  # left by a version that forgot records without their mapping
+        bell,
+        2,
+        lambda y: W(
+            scheduled={y: NOW}, tasks={y: FOREIGN}, stats={"scheduled": 1}, gate=True, xkeys=MAPPED
+        ),
+    ),
+    Case(
         "none x notification behind a shut gate changes nothing",
         dc_replace(NONE, gate=True),
         bell,

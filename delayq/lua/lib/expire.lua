@@ -14,7 +14,7 @@
 -- active, tasks and attempts.
 local function dq_watch_state(k, id, now)
   if not id then return 'none' end
-  if not redis.call('HEXISTS', k.tasks, id) then return 'none' end
+  if redis.call('HEXISTS', k.tasks, id) == 0 then return 'none' end  -- 0 is true in Lua
   local due = redis.call('ZSCORE', k.scheduled, id)
   if due then
     local _, a = dq_attempt(k, id)
