@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayq import Queue
-from delayq.admin import Admin
+from delayq.admin.inspect import Admin
 from delayq.embedded import EmbeddedServer, bundled_binary
 
 N, DEPTH, LIMIT = 40_000, 20_000, 50

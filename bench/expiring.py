@@ -47,7 +47,7 @@ from common import (
 )
 
 from delayq import Queue
-from delayq.expiring import encode_value
+from delayq.expiring.ops import encode_value
 from delayq.scripts import SCRIPTS
 
 NAME = "expiring"

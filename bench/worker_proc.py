@@ -25,7 +25,7 @@ from typing import Any
 from lifeline import stop_worker_when_orphaned
 
 from delayq import Queue, Task, Worker
-from delayq.worker.expiry import Expired
+from delayq.expiring.facade import Expired
 
 
 def parse_args() -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """delayq: reliable delayed tasks on Redis and Valkey — on time, once, surviving crashes."""
 
-from .core import TaskSpec
-from .errors import (
+from delayq.core import TaskSpec
+from delayq.errors import (
     ConfigurationError,
     ConnectionFailed,
     DelayqError,
@@ -15,11 +15,11 @@ from .errors import (
     ScriptError,
     WorkerFailed,
 )
-from .queue import AsyncQueue, Queue
-from .task import QueueStats, Scheduled, Task, TaskInfo
-from .worker import Worker
-from .worker.events import TaskEvent
-from .worker.expiry import Expired
+from delayq.expiring.facade import Expired
+from delayq.queue import AsyncQueue, Queue
+from delayq.task import QueueStats, Scheduled, Task, TaskInfo
+from delayq.worker import Worker
+from delayq.worker.events import TaskEvent
 
 __version__ = "0.1.0"
 

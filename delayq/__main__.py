@@ -1,3 +1,3 @@
-from .cli import main
+from delayq.cli.main import main
 
 main()

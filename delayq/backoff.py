@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from .errors import ConfigurationError, InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
 
 # The field's rule of thumb for flaky dependencies: 30 s, 2 min, 10 min, then every 10 min.
 DEFAULT_BACKOFF: tuple[float, ...] = (30.0, 120.0, 600.0)

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import InvalidTaskError, PayloadTooLarge
+from delayq.errors import InvalidTaskError, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024
 

@@ -18,8 +18,8 @@ from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from . import topology
-from .errors import ConfigurationError
+from delayq import topology
+from delayq.errors import ConfigurationError
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
-from .codec import (
+from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
     Codec,
     RecordError,
@@ -27,12 +27,12 @@ from .codec import (
     split_record,
     with_attempt,
 )
-from .errors import InvalidTaskError
-from .keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
-from .scripts import SCRIPTS, Arg, Script
-from .task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
-from .text import check as check_text
-from .timing import Duration, due_spec, ms_to_datetime, seconds
+from delayq.errors import InvalidTaskError
+from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
+from delayq.scripts import SCRIPTS, Arg, Script
+from delayq.task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
+from delayq.text import check as check_text
+from delayq.timing import Duration, due_spec, ms_to_datetime, seconds
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import ServerNotFound
+from delayq.errors import ServerNotFound
 
 BINARY_ENV = "DELAYQ_SERVER_BIN"
 

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import Header
-from .core import Op, QueueCore, _now_arg
-from .scripts import Arg
-from .text import escape
+from delayq.codec import Header
+from delayq.core import Op, QueueCore, _now_arg
+from delayq.scripts import Arg
+from delayq.text import escape
 
 Lease = tuple[str, int]
 

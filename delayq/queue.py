@@ -17,9 +17,9 @@ import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .codec import DEFAULT_MAX_PAYLOAD
-from .connection import RETRIES, async_client, check_client, resolve_url, sync_client
-from .core import (
+from delayq.codec import DEFAULT_MAX_PAYLOAD
+from delayq.connection import RETRIES, async_client, check_client, resolve_url, sync_client
+from delayq.core import (
     DEFAULT_DEDUPE_WINDOW,
     MAX_DEAD_PAGE,
     REPLY_BATCH,
@@ -31,13 +31,13 @@ from .core import (
     new_task_ids,
     validate_task_id,
 )
-from .errors import ConfigurationError, ConnectionFailed, InvalidTaskError
-from .expiring import AsyncExpiring, Expiring
-from .keys import DEFAULT_PREFIX
-from .runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
-from .shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
-from .task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
-from .timing import Duration, seconds
+from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
+from delayq.expiring.facade import AsyncExpiring, Expiring
+from delayq.keys import DEFAULT_PREFIX
+from delayq.runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
+from delayq.shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
+from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
+from delayq.timing import Duration, seconds
 
 T = TypeVar("T")
 C = TypeVar("C", redis.Redis, aredis.Redis)

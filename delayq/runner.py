@@ -26,9 +26,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import URL_ENV, describe, tls_fix
-from .core import Op
-from .errors import ConnectionFailed, DurabilityError, ScriptError
+from delayq.connection import URL_ENV, describe, tls_fix
+from delayq.core import Op
+from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
 
 T = TypeVar("T")
 # A cluster failing over or moving a slot: the call did not run; trying again later is safe.

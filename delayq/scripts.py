@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from .keys import QueueKeys
+from delayq.keys import QueueKeys
 
 _KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\*?\w+)\b")
 _ARG_RE = re.compile(r"^-- ARGV\[(\d+)(\.\.\.)?\] (\w+)\b")
@@ -95,12 +95,18 @@ def _read(path: str) -> str:
     return resources.files("delayq").joinpath("lua", path).read_text(encoding="utf-8")
 
 
+def file_of(name: str) -> str:
+    """A feature's scripts live in its folder: ``cron_next`` is ``lua/cron/next.lua``."""
+    folder, _, rest = name.partition("_")
+    return f"{folder}/{rest}.lua" if folder in FOLDERS and rest else f"{name}.lua"
+
+
 def _expand(text: str) -> str:
     return _INCLUDE_RE.sub(lambda m: _read(f"lib/{m.group(1)}.lua"), text)
 
 
 def load(name: str) -> Script:
-    text = _read(f"{name}.lua")
+    text = _read(file_of(name))
     keys, args, variadic = parse_header(name, text)
     for key in keys:
         if key.startswith("*"):
@@ -119,6 +125,7 @@ def load(name: str) -> Script:
     return Script(name, source, sha, keys, args, variadic)
 
 
+FOLDERS = ("cron", "expire")  # lua/<folder>/<x>.lua is the script <folder>_<x>
 NAMES = (
     "schedule",
     "claim",

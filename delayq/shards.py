@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from .core import Op, QueueCore, SeekRow, validate_task_id
-from .errors import ConfigurationError, InvalidTaskError
-from .keys import MAX_SHARDS, shard_of
-from .task import QueueStats, TaskInfo, TaskPage
+from delayq.core import Op, QueueCore, SeekRow, validate_task_id
+from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.keys import MAX_SHARDS, shard_of
+from delayq.task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .timing import ms_to_datetime
+from delayq.timing import ms_to_datetime
 
 State = Literal["scheduled", "active", "done", "dead"]
 

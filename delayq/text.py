@@ -9,7 +9,7 @@ texts, reasons) is escaped with :func:`escape`, which cannot fail.
 
 from __future__ import annotations
 
-from .errors import InvalidTaskError
+from delayq.errors import InvalidTaskError
 
 # An error text (a traceback, most often) kept per failed task: enough for any real
 # traceback's head and tail, and a task that fails with a 100 MB message costs 64 KiB.

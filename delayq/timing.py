@@ -11,7 +11,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 
-from .errors import InvalidTaskError
+from delayq.errors import InvalidTaskError
 
 # Ten years: anything longer is almost certainly a unit mistake (ms passed as seconds).
 MAX_DELAY_S = 10 * 365 * 24 * 3600

@@ -21,7 +21,7 @@ import redis.cluster as cluster
 import redis.sentinel as sentinel
 from redis.backoff import NoBackoff
 
-from .errors import ConfigurationError
+from delayq.errors import ConfigurationError
 
 SCHEMES = ("redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")

@@ -43,9 +43,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from delayq import Fail, Queue, Worker
+from delayq import Expired, Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer
-from delayq.worker.expiry import Expired
 
 log = logging.getLogger("upload_cleanup")
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from delayq.admin import Admin
+from delayq.admin.inspect import Admin
 from delayq.dashboard import base_url, bind, create_app
 
 TOKEN = "test-token-0123456789"

@@ -18,8 +18,9 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from delayq import AsyncQueue, Fail, Queue, Retry, ScriptError, Task, Worker, operate
-from delayq.admin import Admin
+from delayq import AsyncQueue, Fail, Queue, Retry, ScriptError, Task, Worker
+from delayq.admin import operate
+from delayq.admin.inspect import Admin
 from delayq.embedded import EmbeddedServer
 from delayq.runner import SyncRunner
 from delayq.scripts import NAMES, SCRIPTS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from delayq.cli import load_app, main
+from delayq.cli.main import load_app, main
 
 
 def test_load_app_explains_bad_specs() -> None:

@@ -25,7 +25,7 @@ from .helpers import wait_for
 @pytest.fixture
 def cli(server: EmbeddedServer) -> Callable[..., Result]:
     """Run ``delayq ARGS`` against the test server (URL from the environment, as users do)."""
-    from delayq.cli import main
+    from delayq.cli.main import main
 
     def run(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
         runner = CliRunner(env={"DELAYQ_REDIS_URL": server.url, "DELAYQ_QUEUE": "", **(env or {})})

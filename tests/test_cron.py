@@ -19,9 +19,10 @@ import redis
 from click.testing import CliRunner
 from croniter import croniter
 
-from delayq import ConfigurationError, Queue, Task, Worker, cron_ops
-from delayq.cli import main
-from delayq.cron import (
+from delayq import ConfigurationError, Queue, Task, Worker
+from delayq.cli.main import main
+from delayq.cron import ops as cron_ops
+from delayq.cron.schedules import (
     CronTiming,
     Decision,
     IntervalTiming,

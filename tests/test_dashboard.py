@@ -264,7 +264,7 @@ def test_screenshot_of_a_busy_queue(
 
 def test_cron_page_lists_the_schedules(dashboard: str, queue: Queue, run_worker: Any) -> None:
     from delayq import Worker
-    from delayq.cron import every_schedule
+    from delayq.cron.schedules import every_schedule
 
     worker = Worker(queue)
     worker.every(hours=1, name="hourly-sweep")(lambda task: None)

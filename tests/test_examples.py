@@ -21,7 +21,7 @@ import pytest
 
 from delayq import AsyncQueue, ConfigurationError, Queue, Worker
 from delayq.embedded import EmbeddedServer
-from delayq.worker.expiry import Expired
+from delayq.expiring.facade import Expired
 from examples.fastapi_orders.app import create_app
 from examples.fastapi_orders.settings import Settings, close_task_id
 from examples.fastapi_orders.store import Store

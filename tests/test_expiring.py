@@ -12,9 +12,9 @@ import redis
 
 from delayq import Queue, Worker
 from delayq.embedded import EmbeddedServer
-from delayq.expiring import encode_value, set_op
+from delayq.expiring.facade import Expired
+from delayq.expiring.ops import encode_value, set_op
 from delayq.runner import SyncRunner
-from delayq.worker.expiry import Expired
 
 from .helpers import wait_for
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue, expiring
+from delayq import Queue
 from delayq.codec import encode_record
 from delayq.core import Op, QueueCore
+from delayq.expiring import ops as expiring
 from delayq.keys import QueueKeys
 from delayq.leasing import ack, claim
 from delayq.runner import SyncRunner

@@ -10,9 +10,9 @@ from collections import Counter
 from typing import Any
 
 from delayq import Queue, Retry, Worker
-from delayq.expiring import notice_op
+from delayq.expiring.facade import Expired
+from delayq.expiring.ops import notice_op
 from delayq.runner import SyncRunner
-from delayq.worker.expiry import Expired
 
 from .helpers import wait_for
 

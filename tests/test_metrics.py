@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayq import Queue, Task, Worker
-from delayq.admin import Admin
+from delayq.admin.inspect import Admin
+from delayq.admin.metrics import QueueCollector, serve_worker_metrics
 from delayq.embedded import EmbeddedServer, free_port
-from delayq.metrics import QueueCollector, serve_worker_metrics
 
 from .conftest import ROOT, WorkerThread
 from .dashboard_helpers import TOKEN, DashboardThread

@@ -20,13 +20,15 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue, admin, expiring
+from delayq import Queue
+from delayq.admin import inspect as admin
 from delayq.codec import Header, RecordError, encode_record, split_record, with_attempt
 from delayq.core import Op, QueueCore, TaskSpec
+from delayq.expiring import ops as expiring
 from delayq.keys import QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
-from delayq.scripts import SCRIPTS, parse_header
+from delayq.scripts import SCRIPTS, file_of, parse_header
 from delayq.timing import ms_to_datetime
 
 NOW = 1_700_000_000_000
@@ -1352,7 +1354,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
 
 
 def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
-    from delayq import reshard
+    from delayq.admin import reshard
     from delayq.core import SeekRow
 
     row = SeekRow("a", str(NOW), b'{"k":"job"}\n1', None, None)
@@ -1364,8 +1366,8 @@ def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
 
 
 def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
-    from delayq import cron_ops
-    from delayq.cron import Decision, every_schedule
+    from delayq.cron import ops as cron_ops
+    from delayq.cron.schedules import Decision, every_schedule
 
     sched = every_schedule("s", 1000)
     return [
@@ -1406,7 +1408,7 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
         declared = {k.lstrip("*") for k in script.key_names}  # *name: given per call
         for key in static:
             assert isinstance(getattr(QueueKeys, key, None), property), (name, key)
-        body = lua_source(f"{name}.lua")
+        body = lua_source(file_of(name))
         assert set(re.findall(r"\bK\.(\w+)", body)) <= declared, name
         assert set(re.findall(r"\bA\.(\w+)", body)) <= set(script.arg_names), name
         for fn in re.findall(r"\b(dq_\w+)\(K\b", body):

@@ -207,8 +207,8 @@ def test_the_admin_side_finds_every_shard(server: EmbeddedServer, qname: str) ->
     """The CLI and dashboard open queues by name: they read the stored shard count."""
     from click.testing import CliRunner
 
-    from delayq.admin import Admin
-    from delayq.cli import main
+    from delayq.admin.inspect import Admin
+    from delayq.cli.main import main
 
     queue = Queue(qname, url=server.url, shards=3)
     ids = queue.schedule_many([{"kind": "k", "delay": 60} for _ in range(30)])
@@ -224,8 +224,8 @@ def test_the_admin_side_finds_every_shard(server: EmbeddedServer, qname: str) ->
 def test_dashboard_views_and_cli_actions_cover_every_shard(
     server: EmbeddedServer, qname: str
 ) -> None:
-    from delayq import operate
-    from delayq.admin import Admin
+    from delayq.admin import operate
+    from delayq.admin.inspect import Admin
 
     queue = Queue(qname, url=server.url, shards=3)
     queue.schedule_many([{"kind": "k", "delay": 30 + i} for i in range(12)])
@@ -425,7 +425,7 @@ def test_the_dashboard_pages_past_a_thousand_waiting_tasks_of_a_sharded_queue(
 def _reshard(url: str, name: str, shards: int) -> Any:
     from click.testing import CliRunner
 
-    from delayq.cli import main
+    from delayq.cli.main import main
 
     args = ["reshard", "-q", name, "--shards", str(shards), "--url", url, "--json"]
     return CliRunner().invoke(main, args)
@@ -495,8 +495,8 @@ def test_resharding_keeps_finished_ids_cron_schedules_and_watched_keys(
 def test_resharding_is_refused_while_tasks_wait_run_or_are_dead(
     server: EmbeddedServer, qname: str
 ) -> None:
-    from delayq import operate
-    from delayq.admin import Admin
+    from delayq.admin import operate
+    from delayq.admin.inspect import Admin
 
     queue = Queue(qname, url=server.url, shards=2)
     queue.schedule("k", 1, delay=60, task_id="waiting")
@@ -521,9 +521,9 @@ def test_a_queue_being_resharded_is_refused_until_the_move_is_finished(
 ) -> None:
     """A move cut short leaves its marker: every process that checks the count is refused,
     a move to another count too, and running the same move again finishes it."""
-    from delayq import operate
-    from delayq.admin import Admin
-    from delayq.reshard import mark_op
+    from delayq.admin import operate
+    from delayq.admin.inspect import Admin
+    from delayq.admin.reshard import mark_op
     from delayq.runner import SyncRunner
 
     plain = Queue(qname, url=server.url, dedupe_window=3600)
@@ -563,7 +563,7 @@ def test_delayq_dead_ls_walks_a_sharded_dead_set_by_cursor(
 
     from click.testing import CliRunner
 
-    from delayq.cli import main
+    from delayq.cli.main import main
 
     queue = Queue(qname, url=server.url, shards=3)
     queue.schedule("k", task_id="warm", delay=60)  # stores the count

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from delayq import AsyncQueue, ConnectionFailed, Queue, Task, Worker
-from delayq.cli import main
+from delayq.cli.main import main
 from delayq.embedded import BINARY_ENV, EmbeddedServer, free_port
 from delayq.errors import ServerNotFound
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from ..admin import Admin
-from .app import create_app
+from delayq.admin.inspect import Admin
+from delayq.dashboard.app import create_app
 
 __all__ = ["bind", "create_app", "serve"]
 

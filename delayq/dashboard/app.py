@@ -2,7 +2,7 @@
 script for live counts and confirmations, no build step.
 
 Pages only read, through :class:`~delayq.admin.Admin`; actions are POSTs that carry the
-CSRF token and go through :mod:`delayq.operate`, like the CLI's. Page handlers are plain
+CSRF token and go through :mod:`delayq.admin.operate`, like the CLI's. Page handlers are plain
 functions, so Starlette runs them (and their blocking Redis calls) in its thread pool.
 """
 
@@ -31,15 +31,23 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import cron_ops, operate
-from ..admin import Admin, PageState
-from ..errors import ConnectionFailed, DelayqError, InvalidTaskError
-from ..metrics import QueueCollector
-from ..present import first_line, human_seconds, payload_text, preview, relative, timestamp
-from ..queue import Queue
-from ..task import TaskInfo
-from .auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
-from .charts import WINDOWS, lateness_chart, timeline_chart
+from delayq.admin import operate
+from delayq.admin.inspect import Admin, PageState
+from delayq.admin.metrics import QueueCollector
+from delayq.admin.present import (
+    first_line,
+    human_seconds,
+    payload_text,
+    preview,
+    relative,
+    timestamp,
+)
+from delayq.cron import ops as cron_ops
+from delayq.dashboard.auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
+from delayq.dashboard.charts import WINDOWS, lateness_chart, timeline_chart
+from delayq.errors import ConnectionFailed, DelayqError, InvalidTaskError
+from delayq.queue import Queue
+from delayq.task import TaskInfo
 
 PAGE = 50
 NAMES_TTL = 10.0  # seconds a discovered queue list is reused

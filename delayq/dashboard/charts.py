@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..admin import Finished, Timeline
+from delayq.admin.inspect import Finished, Timeline
 
 WIDTH, HEIGHT, PAD = 720, 150, 18
 

@@ -1,5 +1,5 @@
 """``delayq demo``: unpaid orders closed on time, once, with stock restored."""
 
-from .run import DemoConfig, run_demo
+from delayq.demo.run import DemoConfig, run_demo
 
 __all__ = ["DemoConfig", "run_demo"]

@@ -6,11 +6,11 @@ import os
 import threading
 import time
 
-from ..errors import Discard
-from ..queue import Queue
-from ..task import Task
-from ..worker import Worker
-from .shop import Shop
+from delayq.demo.shop import Shop
+from delayq.errors import Discard
+from delayq.queue import Queue
+from delayq.task import Task
+from delayq.worker import Worker
 
 QUEUE_ENV = "DELAYQ_DEMO_QUEUE"
 DB_ENV = "DELAYQ_DEMO_DATABASE_URL"

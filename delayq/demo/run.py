@@ -18,10 +18,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ..connection import URL_ENV
-from ..queue import Queue
-from . import app
-from .shop import Audit, Shop
+from delayq.connection import URL_ENV
+from delayq.demo import app
+from delayq.demo.shop import Audit, Shop
+from delayq.queue import Queue
 
 console = Console()
 
@@ -131,7 +131,7 @@ def run_demo(cfg: DemoConfig) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delayq-demo-")))
         url = cfg.url or next((os.environ[v] for v in URL_ENV if os.environ.get(v)), None)
         if url is None:
-            from ..embedded import EmbeddedServer
+            from delayq.embedded import EmbeddedServer
 
             server = stack.enter_context(EmbeddedServer(data_dir=tmp / "server"))
             url = server.url

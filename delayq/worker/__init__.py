@@ -1,5 +1,5 @@
 """The worker runtime."""
 
-from .worker import Worker
+from delayq.worker.worker import Worker
 
 __all__ = ["Worker"]

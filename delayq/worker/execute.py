@@ -15,16 +15,16 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..backoff import delay_for
-from ..codec import Codec, RecordError, decode_payload
-from ..errors import Defer, Discard, Fail, InvalidTaskError, Retry
-from ..leasing import Claimed
-from ..task import Task
-from ..timing import seconds
-from .events import EventName, Events, TaskEvent
-from .outcome import Outcome
-from .registry import Handler, Registry
-from .threads import HandlerThreads
+from delayq.backoff import delay_for
+from delayq.codec import Codec, RecordError, decode_payload
+from delayq.errors import Defer, Discard, Fail, InvalidTaskError, Retry
+from delayq.leasing import Claimed
+from delayq.task import Task
+from delayq.timing import seconds
+from delayq.worker.events import EventName, Events, TaskEvent
+from delayq.worker.outcome import Outcome
+from delayq.worker.registry import Handler, Registry
+from delayq.worker.threads import HandlerThreads
 
 log = logging.getLogger("delayq.worker")
 

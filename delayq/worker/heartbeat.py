@@ -6,10 +6,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .. import leasing
-from ..errors import DelayqError
-from ..runner import AsyncRunner
-from ..shards import Shards
+from delayq import leasing
+from delayq.errors import DelayqError
+from delayq.runner import AsyncRunner
+from delayq.shards import Shards
 
 log = logging.getLogger("delayq.worker")
 

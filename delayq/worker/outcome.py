@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from .. import leasing
-from ..core import Op, QueueCore
-from ..errors import ConnectionFailed, DelayqError
-from ..runner import AsyncRunner
-from ..shards import Shards
+from delayq import leasing
+from delayq.core import Op, QueueCore
+from delayq.errors import ConnectionFailed, DelayqError
+from delayq.runner import AsyncRunner
+from delayq.shards import Shards
 
 log = logging.getLogger("delayq.worker")
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
-from ..core import MAX_ATTEMPTS, validate_kind
-from ..errors import ConfigurationError
-from ..timing import Duration, seconds
+from delayq.backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
+from delayq.core import MAX_ATTEMPTS, validate_kind
+from delayq.errors import ConfigurationError
+from delayq.timing import Duration, seconds
 
 DEFAULT_MAX_ATTEMPTS = 5
 

@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..leasing import Claimed
-from ..task import Task
-from .batches import Batches
-from .execute import Executor
-from .outcome import Finisher, Outcome
+from delayq.leasing import Claimed
+from delayq.task import Task
+from delayq.worker.batches import Batches
+from delayq.worker.execute import Executor
+from delayq.worker.outcome import Finisher, Outcome
 
 log = logging.getLogger("delayq.worker")
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..errors import WorkerFailed
+from delayq.errors import WorkerFailed
 
 __all__ = ["Supervisor", "WorkerFailed"]
 

@@ -25,28 +25,28 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from .. import leasing
-from ..connection import async_client
-from ..errors import ConfigurationError, ConnectionFailed, DelayqError
-from ..expiring import EXPIRE_KIND
-from ..leasing import Claimed
-from ..queue import AsyncQueue, Queue
-from ..runner import AsyncRunner
-from ..task import Task
-from ..timing import seconds
-from .checks import check_eviction
-from .clock import ServerClock
-from .cron import Schedules
-from .events import Events, Listener
-from .execute import Executor
-from .expiry import ExpireFn, ExpiryWatcher
-from .heartbeat import Heartbeat
-from .outcome import Finisher
-from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
-from .runs import Runs
-from .supervise import Supervisor
-from .threads import HandlerThreads
-from .waker import Waker
+from delayq import leasing
+from delayq.connection import async_client
+from delayq.cron.worker import Schedules
+from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
+from delayq.expiring.ops import EXPIRE_KIND
+from delayq.expiring.worker import ExpireFn, ExpiryWatcher
+from delayq.leasing import Claimed
+from delayq.queue import AsyncQueue, Queue
+from delayq.runner import AsyncRunner
+from delayq.task import Task
+from delayq.timing import seconds
+from delayq.worker.checks import check_eviction
+from delayq.worker.clock import ServerClock
+from delayq.worker.events import Events, Listener
+from delayq.worker.execute import Executor
+from delayq.worker.heartbeat import Heartbeat
+from delayq.worker.outcome import Finisher
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
+from delayq.worker.runs import Runs
+from delayq.worker.supervise import Supervisor
+from delayq.worker.threads import HandlerThreads
+from delayq.worker.waker import Waker
 
 log = logging.getLogger("delayq.worker")
 
@@ -172,13 +172,13 @@ class Worker:
     def cron(self, expression: str, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function at each time a cron expression matches, once across all
         workers: ``@worker.cron("0 2 * * *", tz="Asia/Shanghai", name="daily-report")``.
-        Options (catch_up, max_running, ...): :meth:`delayq.worker.cron.Schedules.cron`."""
+        Options (catch_up, max_running, ...): :meth:`delayq.cron.worker.Schedules.cron`."""
         return self.schedules.cron(expression, **options)
 
     def every(self, *interval: Any, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function every interval, once across all workers:
         ``@worker.every(minutes=5, name="sweep")`` or ``@worker.every(timedelta(...))``.
-        Options: :meth:`delayq.worker.cron.Schedules.every`."""
+        Options: :meth:`delayq.cron.worker.Schedules.every`."""
         return self.schedules.every(*interval, **options)
 
     @functools.cached_property

@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import time
 
-from delayq import Queue, Task, Worker
-from delayq.worker.expiry import Expired
+from delayq import Expired, Queue, Task, Worker
 
 from ..checker import RunLog
 

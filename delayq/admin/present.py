@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from .task import TaskInfo
+from delayq.task import TaskInfo
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 

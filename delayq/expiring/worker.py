@@ -28,25 +28,24 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import expiring
-from ..connection import describe
-from ..errors import ConnectionFailed, Defer, DelayqError, Discard, Fail
-from ..runner import is_cluster
-from ..task import Task
-from ..timing import ms_to_datetime
-from .bells import ClusterBells
+from delayq.connection import describe
+from delayq.errors import ConnectionFailed, Defer, DelayqError, Discard, Fail
+from delayq.expiring import ops as expiring
+from delayq.expiring.bells import ClusterBells
+from delayq.expiring.facade import Expired, Via
+from delayq.runner import is_cluster
+from delayq.task import Task
+from delayq.timing import ms_to_datetime
 
 if TYPE_CHECKING:
-    from .waker import Waker
-    from .worker import Worker
+    from delayq.worker.waker import Waker
+    from delayq.worker.worker import Worker
 
 log = logging.getLogger("delayq.expiry")
 
@@ -57,20 +56,7 @@ SHORT_WAIT_MS = 5
 CONFIRM_TRIES = 3  # an early check waits for the deadline at most this often
 CONFIRM_RETRY_MS = 250  # the confirm could not reach the server: look again this soon
 
-Via = Literal["timer", "notification", "scan"]
 ExpireFn = Callable[["Expired"], Any]
-
-
-@dataclass(frozen=True)
-class Expired:
-    """What an ``on_expire`` callback receives."""
-
-    key: str
-    value: Any  # the last value set through delayq (None for a foreign key)
-    deadline: datetime  # the recorded deadline (for a foreign key: when the bell rang)
-    via: Via
-    guaranteed: bool  # False for keys delayq did not record (set by other programs)
-    task: Task
 
 
 class ExpiryWatcher:
@@ -121,7 +107,7 @@ class ExpiryWatcher:
         expired = Expired(
             key=key,
             value=payload.get("v"),
-            # Tasks are due 1 ms after the key's deadline (see expire_set.lua).
+            # Tasks are due 1 ms after the key's deadline (see expire/set.lua).
             deadline=ms_to_datetime(max(recorded, due_ms - 1) if not foreign else due_ms),
             via=via,
             guaranteed=not foreign,

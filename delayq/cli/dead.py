@@ -11,8 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from . import operate
-from .cli_common import (
+from delayq.admin import operate
+from delayq.admin.present import first_line
+from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     connect,
     duration,
@@ -25,9 +26,8 @@ from .cli_common import (
     task_dict,
     url_option,
 )
-from .errors import InvalidTaskError
-from .present import first_line
-from .queue import Queue
+from delayq.errors import InvalidTaskError
+from delayq.queue import Queue
 
 
 @click.group()

@@ -12,10 +12,11 @@ from typing import Any
 
 import click
 
-from .cli_admin import info, schedule, task
-from .cli_dead import dead
-from .cli_ops import check, dashboard, reshard
-from .connection import URL_ENV
+from delayq.cli.admin import info, schedule, task
+from delayq.cli.dead import dead
+from delayq.cli.ops import check, dashboard, reshard
+from delayq.connection import URL_ENV
+from delayq.cron.cli import cron
 
 
 def load_app(spec: str) -> Any:
@@ -86,13 +87,13 @@ def worker(
     app: str, embedded: bool, log_level: str, metrics_port: int | None, metrics_host: str
 ) -> None:
     """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
-    from .worker import Worker
-    from .worker.supervise import WorkerFailed
+    from delayq.worker import Worker
+    from delayq.worker.supervise import WorkerFailed
 
     _logging(log_level)
     with ExitStack() as stack:
         if embedded:
-            from .embedded import EmbeddedServer
+            from delayq.embedded import EmbeddedServer
 
             server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
             os.environ[URL_ENV[0]] = server.url
@@ -103,7 +104,7 @@ def worker(
         if not isinstance(obj, Worker):
             raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
         if metrics_port is not None:
-            from .metrics import serve_worker_metrics
+            from delayq.admin.metrics import serve_worker_metrics
 
             try:
                 metrics = serve_worker_metrics(obj, metrics_port, metrics_host)
@@ -161,7 +162,7 @@ def demo(
     seed: int | None,
 ) -> None:
     """Close unpaid orders on time, once, with stock restored — while a worker is killed."""
-    from .demo import DemoConfig, run_demo
+    from delayq.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
         url=url,
@@ -186,7 +187,7 @@ main.add_command(dead)
 main.add_command(check)
 main.add_command(dashboard)
 main.add_command(reshard)
-main.add_command(importlib.import_module("delayq.cron_cli").cron)  # after main: no cycle
+main.add_command(cron)
 
 if __name__ == "__main__":
     main()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .admin import Admin
-from .queue import Progress, Queue
-from .reshard import BATCH, ReshardResult, reshard_plan
-from .timing import Duration
+from delayq.admin.inspect import Admin
+from delayq.admin.reshard import BATCH, ReshardResult, reshard_plan
+from delayq.queue import Progress, Queue
+from delayq.timing import Duration
 
 
 @dataclass(frozen=True)

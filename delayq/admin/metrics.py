@@ -31,15 +31,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .admin import Admin
-from .errors import DelayqError
-from .queue import AsyncQueue, Queue
+from delayq.admin.inspect import Admin
+from delayq.errors import DelayqError
+from delayq.queue import AsyncQueue, Queue
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from .worker import Worker
-    from .worker.events import TaskEvent
+    from delayq.worker import Worker
+    from delayq.worker.events import TaskEvent
 
 log = logging.getLogger("delayq.metrics")
 

@@ -30,8 +30,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
-from .errors import ConfigurationError
-from .timing import MAX_DELAY_S
+from delayq.errors import ConfigurationError
+from delayq.timing import MAX_DELAY_S
 
 CatchUp = Literal["latest", "all", "skip"]
 CATCH_UP_POLICIES: tuple[str, ...] = get_args(CatchUp)

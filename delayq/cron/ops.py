@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .core import Op, QueueCore, TaskSpec, _now_arg
-from .cron import KIND_PREFIX, CronTiming, Decision, Schedule
-from .scripts import Arg
-from .text import escape
-from .timing import ms_to_datetime
+from delayq.core import Op, QueueCore, TaskSpec, _now_arg
+from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
+from delayq.scripts import Arg
+from delayq.text import escape
+from delayq.timing import ms_to_datetime
 
 READ_LIMIT = 10_000  # schedules per queue read in one call
 ERROR_CHARS = 500  # of the last error kept in the metadata
@@ -140,7 +140,7 @@ def outcomes(
 
 @dataclass(frozen=True)
 class Change:
-    """One compare-and-set change of a schedule (see cron_sync.lua)."""
+    """One compare-and-set change of a schedule (see cron/sync.lua)."""
 
     name: str
     expect: bytes

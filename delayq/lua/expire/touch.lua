@@ -27,6 +27,6 @@ if state == 'ahead' then
   redis.call('HDEL', K.attempts, id)
 end
 local old_head = dq_head(K.scheduled)
-redis.call('ZADD', K.scheduled, deadline + 1, id)  -- see expire_set.lua
+redis.call('ZADD', K.scheduled, deadline + 1, id)  -- see expire/set.lua
 dq_wake(A.channel, old_head, deadline + 1)
 return deadline

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .core import Op, QueueCore, SeekRow
-from .keys import DEFAULT_PREFIX, HOME_ID_PREFIXES
-from .runner import Plan, batch_plan
-from .scripts import Arg
-from .shards import Shards, validate_shards
+from delayq.core import Op, QueueCore, SeekRow
+from delayq.keys import DEFAULT_PREFIX, HOME_ID_PREFIXES
+from delayq.runner import Plan, batch_plan
+from delayq.scripts import Arg
+from delayq.shards import Shards, validate_shards
 
 BATCH = 500  # tasks or hash fields per script call
 

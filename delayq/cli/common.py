@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import click
 
-from .admin import Admin
-from .connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
-from .errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
-from .present import human_seconds, payload_text, relative, safe, task_dict
-from .timing import parse_duration
+from delayq.admin.inspect import Admin
+from delayq.admin.present import human_seconds, payload_text, relative, safe, task_dict
+from delayq.connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
+from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
+from delayq.timing import parse_duration
 
 __all__ = ["human_seconds", "payload_text", "relative", "safe", "task_dict"]
 

@@ -1,6 +1,6 @@
 """Operator commands: schedule, info, task show|cancel|run-now.
 
-``delayq dead ...`` is in cli_dead.py, ``check`` and ``dashboard`` in cli_ops.py.
+``delayq dead ...`` is in cli/dead.py, ``check`` and ``dashboard`` in cli/ops.py.
 Everything that prints data takes ``--json``.
 """
 
@@ -19,9 +19,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import operate
-from .admin import Admin, QueueOverview
-from .cli_common import (
+from delayq.admin import operate
+from delayq.admin.inspect import Admin, QueueOverview
+from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     connect,
     duration,
@@ -37,8 +37,8 @@ from .cli_common import (
     task_dict,
     url_option,
 )
-from .errors import InvalidTaskError
-from .task import TaskInfo
+from delayq.errors import InvalidTaskError
+from delayq.task import TaskInfo
 
 # -- schedule ---------------------------------------------------------------------------------
 

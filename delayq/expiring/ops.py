@@ -20,19 +20,14 @@ key whose deadline is still ahead and never attempted (docs/expiring.md, "The li
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .codec import JsonCodec, encode_payload, record_prefix
-from .core import Op, QueueCore, new_task_id
-from .errors import InvalidTaskError
-from .scripts import Arg
-from .text import check as check_text
-from .timing import Duration, ms_to_datetime, seconds
-
-if TYPE_CHECKING:
-    from datetime import datetime
-
-    from .queue import AsyncQueue, Queue
+from delayq.codec import JsonCodec, encode_payload, record_prefix
+from delayq.core import Op, QueueCore, new_task_id
+from delayq.errors import InvalidTaskError
+from delayq.scripts import Arg
+from delayq.text import check as check_text
+from delayq.timing import Duration, seconds
 
 EXPIRE_KIND = "delayq.expire"
 MAX_KEY_LEN = 200
@@ -151,7 +146,7 @@ def confirm_op(
 
 
 def delivered_op(core: QueueCore, key: str) -> Op[int]:
-    """After a watched key's callback succeeded: shut its gate (see expire_delivered.lua)."""
+    """After a watched key's callback succeeded: shut its gate (see expire/delivered.lua)."""
     return core.op(
         "expire_delivered",
         {"gate_ms": FOREIGN_GATE_MS},
@@ -164,62 +159,3 @@ def delivered_op(core: QueueCore, key: str) -> Op[int]:
 def encode_value(core: QueueCore, value: Any) -> bytes:
     """Values are JSON whatever the queue's codec: other programs read the key."""
     return encode_payload(_JSON, value, core.max_payload)
-
-
-# -- facades -------------------------------------------------------------------------------
-
-
-class Expiring:
-    """``queue.expiring`` for blocking code."""
-
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
-
-    def set(self, key: str, value: Any, ttl: Duration) -> datetime:
-        """Set ``key`` to ``value`` (JSON) with a TTL; the ``on_expire`` callback whose pattern
-        matches gets the value once the key expires. Returns the deadline (server clock)."""
-        core = self._queue.core
-        data = encode_value(core, value)
-        deadline = self._queue.execute(set_op(core, key, data, ttl), write=True)
-        self._queue.client.set(key, data, pxat=deadline)
-        return ms_to_datetime(deadline)
-
-    def touch(self, key: str, ttl: Duration) -> bool:
-        """Give a watched key a new TTL; False if it is not watched or has expired (its
-        callback then runs as it would have)."""
-        deadline = self._queue.execute(touch_op(self._queue.core, key, ttl))
-        if deadline < 0:
-            return False
-        return bool(self._queue.client.pexpireat(key, deadline))
-
-    def delete(self, key: str) -> bool:
-        """Delete a watched key without a callback; True if it had not expired. An expiry
-        that happened (waiting, running or retrying) is still delivered: False."""
-        cancelled = self._queue.execute(delete_op(self._queue.core, key))
-        self._queue.client.delete(key)
-        return cancelled
-
-
-class AsyncExpiring:
-    """``queue.expiring`` for asyncio code: the same methods as coroutines."""
-
-    def __init__(self, queue: AsyncQueue) -> None:
-        self._queue = queue
-
-    async def set(self, key: str, value: Any, ttl: Duration) -> datetime:
-        core = self._queue.core
-        data = encode_value(core, value)
-        deadline = await self._queue.execute(set_op(core, key, data, ttl), write=True)
-        await self._queue.client.set(key, data, pxat=deadline)
-        return ms_to_datetime(deadline)
-
-    async def touch(self, key: str, ttl: Duration) -> bool:
-        deadline = await self._queue.execute(touch_op(self._queue.core, key, ttl))
-        if deadline < 0:
-            return False
-        return bool(await self._queue.client.pexpireat(key, deadline))
-
-    async def delete(self, key: str) -> bool:
-        cancelled = await self._queue.execute(delete_op(self._queue.core, key))
-        await self._queue.client.delete(key)
-        return cancelled

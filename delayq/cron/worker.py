@@ -3,7 +3,7 @@
 Every worker that declares schedules runs them; there is no leader. Each occurrence is a task
 with a deterministic id, and a schedule is one chain of such tasks:
 
-- **when an occurrence starts**, before the user's function, one script (cron_next.lua)
+- **when an occurrence starts**, before the user's function, one script (cron/next.lua)
   checks the lease, applies ``max_running`` and, if this occurrence is the schedule's
   current one, creates the next occurrence (time chosen by the catch-up policy) and records
   the run. A crash before that script means the lease expires and the occurrence runs
@@ -11,7 +11,7 @@ with a deterministic id, and a schedule is one chain of such tasks:
   successor is never created at claim time itself (claim.lua knows nothing of schedules),
   but nothing is skipped in between: the occurrence stays leased until its outcome is
   written.
-- **at start-up**, and every ``tick_s`` after, a pass (cron_sync.lua, compare-and-set per
+- **at start-up**, and every ``tick_s`` after, a pass (cron/sync.lua, compare-and-set per
   schedule) makes sure each declared schedule has its pending occurrence: it creates new
   schedules, replaces one whose times changed (start-up only), continues a chain whose
   occurrence was consumed unrun (buried by a worker without the handler, cancelled), and
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import cron_ops
-from ..cron import (
+from delayq.cron import ops as cron_ops
+from delayq.cron.schedules import (
     DEFAULT_CATCH_UP_LIMIT,
     DEFAULT_MISFIRE_GRACE_S,
     CatchUp,
@@ -41,12 +41,12 @@ from ..cron import (
     occurrence_of,
     validate_name,
 )
-from ..errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost, Retry
-from ..task import Task
-from .registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
+from delayq.errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost, Retry
+from delayq.task import Task
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from delayq.worker.worker import Worker
 
 log = logging.getLogger("delayq.cron")
 

@@ -17,15 +17,15 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import redact, resolve_url, sync_client
-from .core import MAX_SEEK, Op, QueueCore, _b, _s, check_page
-from .errors import InvalidTaskError
-from .keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
-from .queue import Queue
-from .runner import SyncRunner, translate
-from .shards import add_stats
-from .task import QueueStats, TaskInfo, TaskPage, WorkerInfo
-from .timing import ms_to_datetime
+from delayq.connection import redact, resolve_url, sync_client
+from delayq.core import MAX_SEEK, Op, QueueCore, _b, _s, check_page
+from delayq.errors import InvalidTaskError
+from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
+from delayq.queue import Queue
+from delayq.runner import SyncRunner, translate
+from delayq.shards import add_stats
+from delayq.task import QueueStats, TaskInfo, TaskPage, WorkerInfo
+from delayq.timing import ms_to_datetime
 
 MAX_PAGE = MAX_SEEK  # tasks per page: bounds the script's run time and its reply
 MAX_BUCKETS = 500

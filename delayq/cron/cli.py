@@ -9,12 +9,12 @@ from zoneinfo import ZoneInfo
 import click
 import redis
 
-from . import cron_ops
-from .connection import URL_ENV
-from .errors import DelayqError
-from .queue import Queue
-from .runner import SyncRunner
-from .timing import ms_to_datetime
+from delayq.connection import URL_ENV
+from delayq.cron import ops as cron_ops
+from delayq.errors import DelayqError
+from delayq.queue import Queue
+from delayq.runner import SyncRunner
+from delayq.timing import ms_to_datetime
 
 QUEUE_ENV = "DELAYQ_QUEUE"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from . import operate
-from .admin import QueueOverview
-from .cli_common import (
+from delayq.admin import operate
+from delayq.admin.inspect import QueueOverview
+from delayq.cli.common import (
     connect,
     duration,
     echo_json,
@@ -21,7 +21,7 @@ from .cli_common import (
     safe,
     url_option,
 )
-from .keys import MAX_SHARDS
+from delayq.keys import MAX_SHARDS
 
 # -- check ------------------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ def dashboard(
     log_level: str,
 ) -> None:
     """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host)."""
-    from .dashboard import bind, serve
+    from delayq.dashboard import bind, serve
 
     generated = not token
     token = token or secrets.token_urlsafe(24)
