@@ -1,6 +1,6 @@
 """Cluster: a sharded queue on a local Redis Cluster of 1 and of 3 primaries.
 
-Each case starts a fresh cluster (``tests/topology.py``'s ``Cluster``: Valkey 8.1 nodes on
+Each case starts a fresh cluster (``delayq.embedded.cluster``'s ``Cluster``: Valkey 8.1 nodes on
 loopback, AOF everysec, stopped by PID): 1 primary, 3 primaries, 3 primaries again with
 ``shards=1`` (one hash tag does not spread), and 3 primaries + 3 replicas. The queue has
 ``shards=16`` unless said otherwise. In each case:
@@ -39,8 +39,7 @@ Not run by a plain ``bench/run`` (about 2 minutes): ``bench/run cluster`` runs i
 ``bench/run cluster --quick`` (10,000 tasks a run, 100,000 at the end) is a smoke check.
 Also run by itself as a child process: ``cluster.py producer ...``, ``cluster.py worker``.
 
-``tests/topology.py`` is the test suite's cluster builder; this file puts the repository
-root on ``sys.path`` to import it, so it needs the dev dependencies (pytest) installed.
+The clusters are :mod:`delayq.embedded.cluster`'s ``Cluster``, as in the test suite.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ from typing import Any
 import redis
 from common import (
     BENCH_DIR,
-    ROOT,
     Report,
     WorkerProcess,
     _live_servers,
@@ -75,12 +73,9 @@ from redis.crc import key_slot
 from delayq import Queue, Task, TaskSpec, Worker
 from delayq.core import QueueCore
 from delayq.embedded import server_version
+from delayq.embedded.cluster import Cluster, Node, cluster_nodes
 from delayq.keys import QueueKeys, shard_name
 from delayq.scripts import SCRIPTS
-
-# The test suite's real-cluster builder (not part of the package): import it from the repo.
-sys.path.insert(0, str(ROOT))
-from tests.topology import Cluster, Node, cluster_nodes
 
 NAME = "cluster"
 TITLE = "Cluster: a sharded queue on 1 and 3 primaries (schedule, drain, CPU and memory per task)"

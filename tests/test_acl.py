@@ -25,7 +25,7 @@ from delayq.embedded import EmbeddedServer
 from delayq.runner import SyncRunner
 from delayq.scripts import NAMES, SCRIPTS
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 PASSWORD_PLACEHOLDER = ">CHANGE-ME"

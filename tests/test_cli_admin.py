@@ -19,7 +19,7 @@ from delayq import Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer, free_port
 
 from .conftest import ROOT, WorkerThread
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""delayq on a real local Redis Cluster (three primaries, three replicas; tests/topology.py).
+"""delayq on a real local Redis Cluster (3 primaries, 3 replicas; tests/support/topology.py).
 
 The producer contract (tests/test_api.py), the worker's core cases (tests/test_worker.py) and
 the sharded-queue cases (tests/test_shards.py) run again here, unchanged, with ``server``
@@ -23,8 +23,8 @@ from delayq.errors import DurabilityError
 from delayq.keys import shard_of
 
 from . import test_api, test_shards, test_worker
-from .helpers import wait_for
-from .topology import Cluster
+from .support.helpers import wait_for
+from .support.topology import Cluster
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ from redis.crc import key_slot
 
 from delayq import Queue, Worker
 
-from .helpers import wait_for
+from .support.helpers import wait_for
+from .support.topology import FLAVOURS, Cluster, Node, cluster_nodes, key_for_slot
 from .test_expiring import Calls, watcher
-from .topology import FLAVOURS, Cluster, Node, cluster_nodes, key_for_slot
 
 pytestmark = pytest.mark.slow
 

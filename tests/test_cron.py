@@ -32,9 +32,9 @@ from delayq.cron.schedules import (
     occurrence_of,
 )
 from delayq.runner import SyncRunner
-from tests.apps.cron_app import runs_key
 from tests.conftest import WorkerThread
 from tests.helpers import wait_for
+from tests.support.apps.cron_app import runs_key
 
 NY = ZoneInfo("America/New_York")
 MIN = 60_000
@@ -590,7 +590,7 @@ def test_three_processes_fire_every_occurrence_once_and_on_time(
     queue: Queue, server: Any, spawn_worker: Callable[..., Any]
 ) -> None:
     env = {"DQ_QUEUE": queue.name, "DELAYQ_REDIS_URL": server.url}
-    procs = [spawn_worker("tests.apps.cron_app:worker", env) for _ in range(3)]
+    procs = [spawn_worker("tests.support.apps.cron_app:worker", env) for _ in range(3)]
     side = redis.Redis.from_url(server.url)
     wait_for(lambda: sum(w.alive for w in queue.workers()) == 3, timeout=20)
     window_start = (int(time.time()) + 1) * 1000

@@ -17,8 +17,8 @@ from delayq import Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer
 
 from .conftest import ROOT, WorkerThread
-from .dashboard_helpers import TOKEN, DashboardThread
-from .helpers import wait_for
+from .support.dashboard_helpers import TOKEN, DashboardThread
+from .support.helpers import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -33,7 +33,7 @@ from examples.nightly_report import make_worker as make_report_worker
 from examples.upload_cleanup import SessionExpired, UploadSessions, session_key, temp_key
 from examples.upload_cleanup import make_worker as make_upload_worker
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from delayq.expiring.facade import Expired
 from delayq.expiring.ops import encode_value, set_op
 from delayq.runner import SyncRunner
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 class Calls:

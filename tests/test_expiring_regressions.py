@@ -14,7 +14,7 @@ from delayq.expiring.facade import Expired
 from delayq.expiring.ops import notice_op
 from delayq.runner import SyncRunner
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 class Calls:

@@ -1,4 +1,4 @@
-"""Failover and resharding under load, judged by the checker (tests/checker.py): a primary
+"""Failover and resharding under load, judged by the checker (tests/support/checker.py): a primary
 SIGKILLed on a real Redis Cluster and under Sentinel, with and without ``durable=True``, and
 one queue shard's slot moved to another primary while workers run. Reports go to
 build/reliability/ next to the single-server scenarios.
@@ -20,9 +20,9 @@ import pytest
 
 from delayq import Queue
 
-from .checker import History, now_ms
-from .scenario import Producer, Workers, in_flight, settle, verdict
-from .topology import Cluster, SentinelSetup
+from .support.checker import History, now_ms
+from .support.scenario import Producer, Workers, in_flight, settle, verdict
+from .support.topology import Cluster, SentinelSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SHARDS = 8

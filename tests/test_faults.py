@@ -13,8 +13,8 @@ import redis
 from delayq import Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 
-from .apps.fault_app import finished_key, started_key
-from .helpers import wait_for
+from .support.apps.fault_app import finished_key, started_key
+from .support.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_sigkilled_worker_task_runs_again_after_lease_and_is_done_once(
     queue: Queue, spawn_worker: Any
 ) -> None:
     env = _env(queue, DQ_LEASE="2", DQ_SLEEP="60")
-    first = spawn_worker("tests.apps.fault_app:worker", env)
+    first = spawn_worker("tests.support.apps.fault_app:worker", env)
     queue.schedule("slow", {"order_id": 1}, task_id="order:1")
     wait_for(lambda: _list(queue, started_key(queue.name)), timeout=20)
     first.kill(signal.SIGKILL)
@@ -40,7 +40,7 @@ def test_sigkilled_worker_task_runs_again_after_lease_and_is_done_once(
     info = queue.get("order:1")
     assert info is not None and info.state == "active"  # nothing was deleted on the way in
 
-    spawn_worker("tests.apps.fault_app:worker", env)
+    spawn_worker("tests.support.apps.fault_app:worker", env)
     wait_for(lambda: queue.get("order:1").state == "done", timeout=30)  # type: ignore[union-attr]
     assert time.monotonic() - killed_at >= 1.0  # not before the 2 s lease ran out (minus slack)
     started = _list(queue, started_key(queue.name))
@@ -61,12 +61,12 @@ def test_stalled_worker_loses_its_lease_and_its_late_ack_is_refused(
     """SIGSTOP freezes a worker mid-task past its lease; a second worker takes the task over
     and finishes it. Resumed, the first finishes too, but its result is refused."""
     env = _env(queue, DQ_LEASE="1", DQ_SLEEP="2")
-    stalled = spawn_worker("tests.apps.fault_app:worker", env)
+    stalled = spawn_worker("tests.support.apps.fault_app:worker", env)
     queue.schedule("slow", None, task_id="t1")
     wait_for(lambda: _list(queue, started_key(queue.name)), timeout=20)
     stalled.kill(signal.SIGSTOP)
     try:
-        rival = spawn_worker("tests.apps.fault_app:worker", env)
+        rival = spawn_worker("tests.support.apps.fault_app:worker", env)
         wait_for(lambda: len(_list(queue, finished_key(queue.name))) == 1, timeout=30)
         wait_for(lambda: queue.get("t1").state == "done", timeout=10)  # type: ignore[union-attr]
     finally:
@@ -88,7 +88,7 @@ def test_sigterm_hands_back_running_task_for_another_worker(
     queue: Queue, spawn_worker: Any
 ) -> None:
     env = _env(queue, DQ_LEASE="30", DQ_GRACE="0.5", DQ_SLEEP="60")
-    first = spawn_worker("tests.apps.fault_app:worker", env)
+    first = spawn_worker("tests.support.apps.fault_app:worker", env)
     queue.schedule("slow", None, task_id="h1")
     wait_for(lambda: _list(queue, started_key(queue.name)), timeout=20)
     t0 = time.monotonic()
@@ -98,7 +98,7 @@ def test_sigterm_hands_back_running_task_for_another_worker(
     info = queue.get("h1")
     assert info is not None and info.state == "scheduled" and info.attempts == 0
     # A new worker runs it at once: no waiting for a 30 s lease to expire.
-    spawn_worker("tests.apps.fault_app:worker", {**env, "DQ_SLEEP": "0"})
+    spawn_worker("tests.support.apps.fault_app:worker", {**env, "DQ_SLEEP": "0"})
     wait_for(lambda: queue.get("h1").state == "done", timeout=15)  # type: ignore[union-attr]
 
 

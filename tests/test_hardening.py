@@ -18,7 +18,7 @@ from delayq.runner import AsyncRunner, SyncRunner
 from delayq.worker.outcome import Finisher, Outcome
 from delayq.worker.supervise import Supervisor, WorkerFailed
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 def state(queue: Queue, tid: str) -> str | None:
@@ -250,7 +250,8 @@ def test_a_worker_whose_loop_keeps_failing_exits_non_zero_and_says_why(
     queue: Queue, spawn_worker: Any
 ) -> None:
     proc = spawn_worker(
-        "tests.apps.broken_app:worker", {"DQ_QUEUE": queue.name, "DELAYQ_REDIS_URL": queue.url}
+        "tests.support.apps.broken_app:worker",
+        {"DQ_QUEUE": queue.name, "DELAYQ_REDIS_URL": queue.url},
     )
     code = proc.wait(30)
     out = proc.output()

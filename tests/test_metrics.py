@@ -19,8 +19,8 @@ from delayq.admin.metrics import QueueCollector, serve_worker_metrics
 from delayq.embedded import EmbeddedServer, free_port
 
 from .conftest import ROOT, WorkerThread
-from .dashboard_helpers import TOKEN, DashboardThread
-from .helpers import wait_for
+from .support.dashboard_helpers import TOKEN, DashboardThread
+from .support.helpers import wait_for
 
 Samples = list[tuple[str, dict[str, str], float]]
 
@@ -160,7 +160,7 @@ def test_an_unreachable_redis_is_a_gauge_not_a_failed_scrape() -> None:
 def test_delayq_worker_metrics_port_as_a_real_process(server: EmbeddedServer, queue: Queue) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "delayq", "worker", "tests.apps.metrics_app:worker",
+        [sys.executable, "-m", "delayq", "worker", "tests.support.apps.metrics_app:worker",
          "--log-level", "error", "--metrics-port", str(port)],
         cwd=ROOT,
         env={**os.environ, "DELAYQ_REDIS_URL": server.url, "DQ_QUEUE": queue.name,

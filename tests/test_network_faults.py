@@ -13,8 +13,8 @@ import pytest
 
 from delayq import Queue, Task, Worker
 
-from .helpers import wait_for
-from .proxy import FaultProxy
+from .support.helpers import wait_for
+from .support.proxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from delayq import Queue, Worker
 from delayq.codec import RecordError, decode_payload, encode_record, get_codec, split_record
 from delayq.embedded import EmbeddedServer
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 json_values = st.recursive(
     st.none()

@@ -13,7 +13,7 @@ from delayq.errors import Defer
 from delayq.leasing import Claimed
 from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, PROBE_EVERY, Run, Runs
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 def claimed(tid: str, token: int) -> Claimed:

@@ -1,4 +1,4 @@
-"""Fault scenarios judged by the checker (tests/checker.py): each runs real worker processes
+"""Fault scenarios judged by the checker (tests/support/checker.py): each runs real worker processes
 under load, injects its fault on a seeded schedule, lets the queue settle, and writes a JSON
 report to build/reliability/ (or $DELAYQ_RELIABILITY_DIR). A scenario fails when an
 acknowledged task was lost, a task ran that was never scheduled, or more tasks ran twice
@@ -25,10 +25,10 @@ from delayq import Queue
 from delayq.embedded import EmbeddedServer, free_port
 from delayq.errors import ConnectionFailed
 
-from .checker import History
-from .helpers import wait_for
-from .proxy import FaultProxy
-from .scenario import Producer, Workers, in_flight, settle, verdict
+from .support.checker import History
+from .support.helpers import wait_for
+from .support.proxy import FaultProxy
+from .support.scenario import Producer, Workers, in_flight, settle, verdict
 
 SCALE = float(os.environ.get("DELAYQ_SCENARIO_SCALE", "1"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(240 * SCALE))]

@@ -15,7 +15,7 @@ from delayq import AsyncQueue, ConfigurationError, InvalidTaskError, Queue, Task
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 def test_tasks_spread_over_shards_and_each_id_goes_to_its_own(
@@ -395,7 +395,7 @@ def test_the_dashboard_pages_past_a_thousand_waiting_tasks_of_a_sharded_queue(
 
     import httpx
 
-    from .dashboard_helpers import TOKEN, DashboardThread
+    from .support.dashboard_helpers import TOKEN, DashboardThread
 
     srv = make_server(appendonly=False)
     queue = Queue("deep", url=srv.url, shards=4)

@@ -1,4 +1,4 @@
-"""The cluster and sentinel fixtures do what tests/topology.py says: real failovers, a real
+"""The cluster and sentinel fixtures do what tests/support/topology.py says: real failovers, a real
 reshard under a reading client, and redis-py's cluster and sentinel clients following them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from .topology import (
+from .support.topology import (
     FLAVOURS,
     SLOTS,
     Cluster,

@@ -13,7 +13,7 @@ from delayq import Discard, Fail, Queue, Retry, Task, TaskSpec, Worker, leasing
 from delayq.codec import encode_record
 from delayq.runner import SyncRunner
 
-from .helpers import wait_for
+from .support.helpers import wait_for
 
 
 def state(queue: Queue, tid: str) -> str | None:

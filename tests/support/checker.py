@@ -25,9 +25,7 @@ REPORT_DIR_ENV = "DELAYQ_RELIABILITY_DIR"
 
 
 def report_dir() -> Path:
-    return Path(
-        os.environ.get(REPORT_DIR_ENV) or Path(__file__).parent.parent / "build/reliability"
-    )
+    return Path(os.environ.get(REPORT_DIR_ENV) or Path(__file__).parents[2] / "build/reliability")
 
 
 def now_ms() -> int:

@@ -1,5 +1,5 @@
 """The worker app of the fault scenarios (tests/test_scenarios.py), run as
-``python -m delayq worker tests.apps.scenario_app:worker``.
+``python -m delayq worker tests.support.apps.scenario_app:worker``.
 
 Configured by environment: DQ_QUEUE, DQ_SHARDS, DELAYQ_REDIS_URL, DQ_LEASE, DQ_RUNLOG (a
 directory).

@@ -16,11 +16,11 @@ def test_load_app_explains_bad_specs() -> None:
     with pytest.raises(click.BadParameter, match="cannot import"):
         load_app("no_such_module_xyz:worker")
     with pytest.raises(click.BadParameter, match="has no attribute"):
-        load_app("tests.helpers:nope")
+        load_app("tests.support.helpers:nope")
 
 
 def test_worker_command_refuses_what_is_not_a_worker() -> None:
-    result = CliRunner().invoke(main, ["worker", "tests.helpers:wait_for"])
+    result = CliRunner().invoke(main, ["worker", "tests.support.helpers:wait_for"])
     assert result.exit_code != 0
     assert "not a delayq Worker" in result.output
 

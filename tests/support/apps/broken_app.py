@@ -1,5 +1,5 @@
 """A worker whose claim loop cannot work: its registration (which rides on every claim
-now and then) raises. Run as ``python -m delayq worker tests.apps.broken_app:worker``;
+now and then) raises. Run as ``python -m delayq worker tests.support.apps.broken_app:worker``;
 configured by DQ_QUEUE and DELAYQ_REDIS_URL."""
 
 from __future__ import annotations

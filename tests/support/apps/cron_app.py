@@ -1,5 +1,5 @@
 """A worker app for the multi-process cron test: ``python -m delayq worker
-tests.apps.cron_app:worker``. Configured by DQ_QUEUE and DELAYQ_REDIS_URL; every run of the
+tests.support.apps.cron_app:worker``. Configured by DQ_QUEUE and DELAYQ_REDIS_URL; every run of the
 every-second schedule records its occurrence, its start time and the process in a list the
 test reads (a test-only key).
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checker import History, RunLog, check, read_runs
+from ..support.checker import History, RunLog, check, read_runs
 
 
 def _history() -> History:

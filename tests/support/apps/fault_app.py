@@ -1,4 +1,4 @@
-"""A worker app for fault tests, run as ``python -m delayq worker tests.apps.fault_app:worker``.
+"""A worker app for fault tests: ``python -m delayq worker tests.support.apps.fault_app:worker``.
 
 Configured by environment: DQ_QUEUE, DELAYQ_REDIS_URL, DQ_LEASE, DQ_GRACE, DQ_SLEEP. Each
 run of ``slow`` records its start and its end in lists the test reads (test-only keys).

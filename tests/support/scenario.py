@@ -1,5 +1,5 @@
 """Running a fault scenario: worker processes to kill, a producer under load, and the wait
-for the queue to settle before the checker reads the history (tests/checker.py)."""
+for the queue to settle before the checker reads the history (tests/support/checker.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from delayq.errors import ConnectionFailed, DelayqError
 from .checker import History, Run, check, now_ms, read_runs, write_report
 from .helpers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = "tests.apps.scenario_app:worker"
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.support.apps.scenario_app:worker"
 
 
 class Workers:
