@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
+from typing import overload
 
 DEFAULT_PREFIX = "dq"
 
@@ -43,6 +44,26 @@ def shard_of(task_id: str, shards: int) -> int:
     return zlib.crc32(task_id.encode()) % shards
 
 
+class Key:
+    """One key of a queue shard, named after its attribute: ``QueueKeys(...).scheduled`` is
+    ``dq:{orders}:scheduled``. The Lua headers name keys by attribute (``-- KEYS[1]
+    scheduled``), and the script loader checks each name is a ``Key`` of ``QueueKeys``."""
+
+    def __init__(self, doc: str, *, suffix: str | None = None) -> None:
+        self.__doc__ = doc
+        self.suffix = suffix
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.suffix = self.suffix or name
+
+    @overload
+    def __get__(self, keys: None, owner: type) -> Key: ...
+    @overload
+    def __get__(self, keys: QueueKeys, owner: type) -> str: ...
+    def __get__(self, keys: QueueKeys | None, owner: type) -> Key | str:
+        return self if keys is None else f"{keys.base}:{self.suffix}"
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     """Key names of one queue shard.
@@ -66,86 +87,34 @@ class QueueKeys:
     def base(self) -> str:
         return f"{self.prefix}:{{{self.shard}}}"
 
-    @property
-    def scheduled(self) -> str:
-        """ZSET task id -> due time (ms, server clock)."""
-        return f"{self.base}:scheduled"
-
-    @property
-    def active(self) -> str:
-        """ZSET task id -> lease deadline (ms)."""
-        return f"{self.base}:active"
-
-    @property
-    def dead(self) -> str:
-        """ZSET task id -> time it died (ms)."""
-        return f"{self.base}:dead"
-
-    @property
-    def done(self) -> str:
-        """ZSET task id -> time it finished (ms); kept for the dedupe window."""
-        return f"{self.base}:done"
-
-    @property
-    def tasks(self) -> str:
-        """HASH task id -> record (JSON header, newline, encoded payload)."""
-        return f"{self.base}:tasks"
-
-    @property
-    def attempts(self) -> str:
-        """HASH task id -> "<token> <attempt> <due>" of its current or last claim. Apart from
-        the record so that a claim writes these few bytes instead of rewriting the record;
-        records claimed before it existed carry them in their header (``t``, ``a``, ``d``),
-        which count until a claim writes an entry here."""
-        return f"{self.base}:attempts"
-
-    @property
-    def errors(self) -> str:
-        """HASH task id -> last error text (only for tasks that failed at least once)."""
-        return f"{self.base}:errors"
-
-    @property
-    def stats(self) -> str:
-        """HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."""
-        return f"{self.base}:stats"
-
-    @property
-    def shards(self) -> str:
-        """HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split,
-        stored by the first process to use it, so one opening it with another number is
-        refused instead of writing where the others do not look."""
-        return f"{self.base}:shards"
-
-    @property
-    def workers(self) -> str:
-        """HASH worker id -> JSON (host, pid, concurrency, in flight, started ...)."""
-        return f"{self.base}:workers"
-
-    @property
-    def workers_seen(self) -> str:
-        """ZSET worker id -> when it last claimed or heartbeat (ms)."""
-        return f"{self.base}:workers_seen"
-
-    @property
-    def cron(self) -> str:
-        """HASH schedule name -> JSON: definition, next and last occurrence, last outcome."""
-        return f"{self.base}:cron"
-
-    @property
-    def xkeys(self) -> str:
-        """HASH watched key -> id of the task that fires when it expires."""
-        return f"{self.base}:xkeys"
-
-    @property
-    def expiry(self) -> str:
-        """HASH describing the expiry watcher (mode: notifications on, or timer and scan)."""
-        return f"{self.base}:expiry"
+    scheduled = Key("ZSET task id -> due time (ms, server clock).")
+    active = Key("ZSET task id -> lease deadline (ms).")
+    dead = Key("ZSET task id -> time it died (ms).")
+    done = Key("ZSET task id -> time it finished (ms); kept for the dedupe window.")
+    tasks = Key("HASH task id -> record (JSON header, newline, encoded payload).")
+    attempts = Key(
+        "HASH task id -> '<token> <attempt> <due>' of its current or last claim; apart from the "
+        "record so that a claim writes these few bytes instead of rewriting the record."
+    )
+    errors = Key("HASH task id -> last error text (only for tasks that failed at least once).")
+    stats = Key(
+        "HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."
+    )
+    shards = Key(
+        "HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split, "
+        "stored by the first process to use it, so one opening it with another number is "
+        "refused instead of writing where the others do not look."
+    )
+    workers = Key("HASH worker id -> JSON (host, pid, concurrency, in flight, started ...).")
+    workers_seen = Key("ZSET worker id -> when it last claimed or heartbeat (ms).")
+    cron = Key("HASH schedule name -> JSON: definition, next and last occurrence, last outcome.")
+    xkeys = Key("HASH watched key -> id of the task that fires when it expires.")
+    expiry = Key("HASH describing the expiry watcher (mode: notifications on, or timer and scan).")
+    wake_channel = Key(
+        "Pub/sub channel on which producers announce a new earliest due time.",
+        suffix="wake",
+    )
 
     def expire_gate(self, key: str) -> str:
         """Short-lived marker that lets one worker of many act on a foreign key's expiry."""
         return f"{self.base}:xgate:{key}"
-
-    @property
-    def wake_channel(self) -> str:
-        """Pub/sub channel on which producers announce a new earliest due time."""
-        return f"{self.base}:wake"

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from delayq.keys import QueueKeys
+from delayq.keys import Key, QueueKeys
 
 _KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\*?\w+)\b")
 _ARG_RE = re.compile(r"^-- ARGV\[(\d+)(\.\.\.)?\] (\w+)\b")
@@ -111,7 +111,7 @@ def load(name: str) -> Script:
     for key in keys:
         if key.startswith("*"):
             continue
-        if not isinstance(getattr(QueueKeys, key, None), property):
+        if not isinstance(getattr(QueueKeys, key, None), Key):
             raise ValueError(f"{name}.lua: KEYS names {key!r}, which QueueKeys does not define")
     preamble = (
         "local K = {"

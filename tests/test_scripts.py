@@ -25,7 +25,7 @@ from delayq.admin import inspect as admin
 from delayq.codec import Header, RecordError, encode_record, split_record, with_attempt
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.expiring import ops as expiring
-from delayq.keys import QueueKeys
+from delayq.keys import Key, QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, file_of, parse_header
@@ -1407,7 +1407,7 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
         static = [k for k in script.key_names if not k.startswith("*")]
         declared = {k.lstrip("*") for k in script.key_names}  # *name: given per call
         for key in static:
-            assert isinstance(getattr(QueueKeys, key, None), property), (name, key)
+            assert isinstance(getattr(QueueKeys, key, None), Key), (name, key)
         body = lua_source(file_of(name))
         assert set(re.findall(r"\bK\.(\w+)", body)) <= declared, name
         assert set(re.findall(r"\bA\.(\w+)", body)) <= set(script.arg_names), name
