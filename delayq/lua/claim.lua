@@ -16,6 +16,7 @@
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
 -- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
 -- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
+-- REPLY {now, next_due, next_lease} then per task {id, kind, attempt, max_attempts, token, due, created, format, payload}
 -- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
 --          attempt, max_attempts, token, due, created, format ("" for JSON), payload}; the
 --          other times are ms (-1 when there is none); a due time with microseconds comes

@@ -4,6 +4,7 @@
 -- KEYS[2] tasks
 -- KEYS[3] attempts
 -- ARGV[1] limit      at most this many tasks
+-- REPLY per task {kind, due, finished}
 -- Returns: flat triples, most recent first: kind ("?" if undecodable), due of the last run
 --          (ms, -1 if unknown), finish time (ms). Records already trimmed are skipped.
 --@include common

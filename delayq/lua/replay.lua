@@ -8,6 +8,7 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] limit      with no ids: replay at most this many, oldest first
 -- ARGV[4...] ids     the tasks to replay; none means the oldest dead tasks
+-- REPLY count
 -- Returns: the number of tasks replayed. The last error is kept for the record.
 --@include common
 local now = dq_now(A.now)

@@ -15,6 +15,7 @@
 -- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
 --                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
 -- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
+-- REPLY per task {status}
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
 --          done within the dedupe window, or dead), 3 not replaced because it is running
 --          (only with replace "1": a running task is never replaced).
