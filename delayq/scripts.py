@@ -32,16 +32,21 @@ values goes in the ``Returns:`` lines)::
 
 Names are unique within an array. :class:`Reply` gives the decoders the positions by name
 (``reply.at("now")`` in the head, negative in the tail; ``reply.field("token")`` within a
-row; ``reply.head``, ``reply.stride``, ``reply.tail``), computed here, at load time: a
-decoder binds them to module constants once and reads ``r[i + TOKEN]`` per row.
+row; ``reply.head``, ``reply.stride``, ``reply.tail``), computed here, at load time. A
+decoder binds them to module constants once, or unpacks rows by name (``for id, kind, ...
+in reply.rows(r)``) after checking its names against the declaration at import
+(``reply.require_row(...)``): nothing is paid per row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
+from itertools import islice
+from typing import Any
 
 from delayq.keys import QueueKeys
 
@@ -60,13 +65,13 @@ class Reply:
     """A script's reply as its ``-- REPLY`` line declares it (see the grammar above).
 
     ``scalars`` are the one-value alternatives (``nil`` among them); an array, if any, is
-    ``head`` fields, then rows of ``row`` fields (``per`` the name ``rows``), then ``tail``
+    ``heads`` fields, then rows of ``row`` fields (``per`` names a row), then ``tails``
     fields. Positions come by name, so decoders never spell a number."""
 
     text: str
     scalars: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()
-    rows: str | None = None
+    per: str | None = None
     row: tuple[str, ...] = ()
     tails: tuple[str, ...] = ()
     array: bool = False
@@ -100,9 +105,26 @@ class Reply:
             return self.row.index(name)
         raise KeyError(f"the reply {{{self.text}}} has no row field {name!r}")
 
-    def starts(self, length: int) -> range:
-        """Where each row of a reply of ``length`` entries starts."""
-        return range(self.head, length - self.tail, self.stride or 1)
+    def require_head(self, *names: str) -> None:
+        """Refuse (ValueError) a head other than ``names``, in this order: a decoder that
+        unpacks the head (``state, score, ... = reply``) checks its names once, at import."""
+        if self.heads != names:
+            raise ValueError(
+                f"the reply {{{self.text}}} has the head {self.heads}, read as {names}"
+            )
+
+    def require_row(self, *names: str) -> None:
+        """Refuse (ValueError) rows other than ``names``, in this order: a decoder that
+        unpacks rows (``for id, kind, ... in reply.rows(r)``) checks its names once, at
+        import, and pays nothing per row."""
+        if self.row != names:
+            raise ValueError(f"the reply {{{self.text}}} has rows {self.row}, read as {names}")
+
+    def rows(self, reply: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+        """The rows of an array reply, each a tuple of ``stride`` entries; ValueError (when
+        iterated to the end) if the entries between head and tail are not whole rows."""
+        body = islice(reply, self.head, len(reply) - self.tail)
+        return zip(*[body] * self.stride, strict=True)
 
     def fits(self, length: int) -> bool:
         """Whether an array reply of ``length`` entries has the declared layout."""
@@ -112,6 +134,15 @@ class Reply:
         if self.stride == 0:
             return body == 0
         return body >= 0 and body % self.stride == 0
+
+    def matches(self, reply: Any) -> bool:
+        """Whether a reply as redis-py returns it (None, a value or a list) is one of the
+        declared alternatives (for tests: decoders trust the declaration)."""
+        if reply is None:
+            return "nil" in self.scalars
+        if isinstance(reply, list):
+            return self.fits(len(reply))
+        return any(s != "nil" for s in self.scalars)
 
 
 def parse_reply(name: str, text: str) -> Reply:
@@ -147,7 +178,7 @@ def parse_reply(name: str, text: str) -> Reply:
 def _array(decl: str, alt: str) -> Reply:
     """One array alternative: head, rows and tail, each at most once and in that order."""
     heads: tuple[str, ...] | None = None
-    rows: str | None = None
+    per: str | None = None
     row: tuple[str, ...] = ()
     tails: tuple[str, ...] | None = None
     for part in alt.split(" then "):
@@ -158,19 +189,19 @@ def _array(decl: str, alt: str) -> Reply:
         if not all(_NAME_RE.match(f) for f in fields):
             raise ValueError(f"{part!r}: fields are names separated by ', '")
         if m.group(1):
-            if rows is not None:
+            if per is not None:
                 raise ValueError("an array has one kind of row")
-            rows, row = m.group(1), fields
-        elif rows is not None and tails is None:
+            per, row = m.group(1), fields
+        elif per is not None and tails is None:
             tails = fields
-        elif rows is None and heads is None:
+        elif per is None and heads is None:
             heads = fields
         else:
             raise ValueError("an array is at most a head, then rows, then a tail")
     names = [*(heads or ()), *row, *(tails or ())]
     if len(set(names)) != len(names):
         raise ValueError("a field name repeats")
-    return Reply(decl, (), heads or (), rows, row, tails or (), array=True)
+    return Reply(decl, (), heads or (), per, row, tails or (), array=True)
 
 
 @dataclass(frozen=True)

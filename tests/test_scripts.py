@@ -1419,8 +1419,10 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
         assert len(op.args) >= len(op.script.arg_names)
         assert all(f"{{{core.name}}}" in key for key in op.keys), "one hash tag per call"
     runner = SyncRunner(queue.client)
-    for op in ops:  # each script compiles and accepts the call it is built with
-        runner.run(op)
+    for op in ops:  # each script compiles, accepts the call it is built with, and replies
+        raw = runner.run(dc_replace(op, parse=lambda reply: reply))  # as it declares
+        assert op.script.reply.matches(raw), (op.script.name, op.script.reply.text, raw)
+        op.parse(raw)
 
 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
@@ -1524,3 +1526,17 @@ def test_an_unchanged_registration_is_one_write(queue: Queue) -> None:
     assert writes == {"cmdstat_zadd"}
     assert r.hgetall(k.workers) == {b"w1": b'{"v":1}'}
     assert r.zscore(k.workers_seen, "w1") == later
+
+
+def test_claims_reply_is_laid_out_as_claim_lua_declares(queue: Queue) -> None:
+    """The claim reply the worker unpacks by name: a head, then one whole row per task."""
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(scheduled={i: NOW for i in "abc"}, tasks={i: T() for i in "abc"}))
+    op = claim(queue.core, limit=10, lease_ms=LEASE, now_ms=NOW)
+    raw = SyncRunner(r).run(dc_replace(op, parse=lambda reply: reply))
+    declared = SCRIPTS["claim"].reply
+    assert len(raw) == declared.head + 3 * declared.stride and declared.matches(raw)
+    rows = list(declared.rows(raw))
+    assert [row[declared.field("id")] for row in rows] == [b"a", b"b", b"c"]
+    assert [row[declared.field("token")] for row in rows] == [1, 2, 3]
+    assert raw[declared.at("now")] == NOW * 1000
