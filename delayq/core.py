@@ -18,6 +18,7 @@ from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
+    Attempt,
     Codec,
     RecordError,
     decode_payload,
@@ -25,7 +26,6 @@ from delayq.codec import (
     get_codec,
     record_prefix,
     split_record,
-    with_attempt,
 )
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
@@ -345,7 +345,6 @@ class QueueCore:
         when = ms_to_datetime(score)
         try:
             header, data = split_record(record)
-            header = with_attempt(header, _b(attempt) if attempt else None)
         except RecordError as e:
             # Still show what the sets know: when it died, is due, or its lease ends.
             return TaskInfo(
@@ -362,6 +361,7 @@ class QueueCore:
                 finished_at=when if state in ("done", "dead") else None,
                 queue=self.name,
             )
+        run = Attempt.parse(_b(attempt) if attempt else None)
         try:
             payload = decode_payload(header, data, self.codecs)
         except RecordError as e:
@@ -373,8 +373,8 @@ class QueueCore:
             state=_state(state),
             due_at=when
             if state == "scheduled"
-            else (ms_to_datetime(header.due_ms) if header.due_ms is not None else None),
-            attempts=header.attempts,
+            else (ms_to_datetime(run.due_ms) if run.due_ms is not None else None),
+            attempts=run.attempt,
             max_attempts=header.max_attempts,
             last_error=last_error,
             created_at=ms_to_datetime(header.created_ms) if header.created_ms else None,

@@ -62,11 +62,10 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
       local h, payload, created = nil, nil, nil
       if recs[j] then h, payload, created = dq_split_cached(recs[j], headers) end
       if h then
-        -- The attempt count is the entry's, or an old record's header's (dq_attempt_of_record).
-        local attempt = h.a
-        if states[j] then attempt = dq_attempt_count(states[j]) end
+        -- A task never claimed has no entry: its first attempt.
+        local attempt = 1
+        if states[j] then attempt = dq_attempt_count(states[j]) + 1 end
         token = token + 1
-        attempt = attempt + 1
         claims[n + 1] = id
         claims[n + 2] = dq_attempt_text(token, attempt, due[2 * j])
         leases[n + 1] = math.max(now, at) + lease
