@@ -12,8 +12,9 @@ it is never re-encoded by Lua's cjson. Header keys:
     f  payload format (absent for JSON)
 
 What changes with every claim (lease token, attempt number, due time of the current run) is
-kept apart, in the ``attempts`` hash (see QueueKeys.attempts and :func:`with_attempt`).
-Records claimed by versions before that hash carry it in the header as ``t``, ``a``, ``d``.
+kept apart, in the ``attempts`` hash as ``"<token> <attempt> <due>"`` (see
+QueueKeys.attempts). The two read apart as :class:`Record` and :class:`Attempt`; a claimed
+task carries both, flat, as a :class:`Header`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from delayq.errors import InvalidTaskError, PayloadTooLarge
 
@@ -117,46 +118,88 @@ def encode_payload(codec: Codec, payload: Any, max_payload: int) -> bytes:
     return data
 
 
+@dataclass(slots=True, frozen=True)
+class Record:
+    """A record's JSON header, from the ``tasks`` hash: what the task is, written once by the
+    producer and never changed."""
+
+    kind: str
+    max_attempts: int
+    created_ms: int
+    fmt: str
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Record:
+        return cls(
+            kind=str(raw["k"]),
+            max_attempts=_as_int(raw.get("m", 0)),
+            created_ms=_lenient_int(raw.get("c", 0)),
+            fmt=str(raw.get("f", "json")),
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class Attempt:
+    """A task's entry in the ``attempts`` hash, ``"<token> <attempt> <due>"``: its current
+    or last claim, rewritten by every claim. ``Attempt.NONE`` for a task never claimed."""
+
+    token: int
+    attempt: int
+    due_ms: float | None  # to the microsecond when the task was scheduled with one
+
+    NONE: ClassVar[Attempt]
+
+    @classmethod
+    def parse(cls, entry: bytes | None) -> Attempt:
+        """The entry; no attempt when there is none, or it cannot be read."""
+        if not entry:
+            return cls.NONE
+        try:
+            token, attempt, due = entry.split(b" ")
+            t, a = int(token), int(attempt)
+            d: float | None = float(due) if due else None
+        except ValueError:
+            return cls.NONE
+        return cls(t, a, int(d) if d is not None and d.is_integer() else d)
+
+
+Attempt.NONE = Attempt(0, 0, None)
+
+
 @dataclass(slots=True)
 class Header:
-    """The decoded JSON header of a record. (Not frozen: a worker makes one per task it
-    claims, and a frozen dataclass pays a setattr call per field.)"""
+    """A claimed task's :class:`Record` and :class:`Attempt`, flat in one object: claim.lua
+    sends both, and the worker reads them per task with no indirection. (Not frozen: a
+    worker makes one per task it claims, and a frozen dataclass pays a setattr call per
+    field.)"""
 
     kind: str
     attempts: int
     max_attempts: int
     token: int
     created_ms: int
-    due_ms: float | None  # to the microsecond when the task was scheduled with one
+    due_ms: float | None
     fmt: str
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Header:
+    def of(cls, record: Record, attempt: Attempt) -> Header:
         return cls(
-            kind=str(raw["k"]),
-            attempts=_as_int(raw.get("a", 0)),
-            max_attempts=_as_int(raw.get("m", 0)),
-            token=_as_int(raw.get("t", 0)),
-            created_ms=_lenient_int(raw.get("c", 0)),
-            due_ms=_as_int(raw["d"]) if "d" in raw else None,
-            fmt=str(raw.get("f", "json")),
+            record.kind,
+            attempt.attempt,
+            record.max_attempts,
+            attempt.token,
+            record.created_ms,
+            attempt.due_ms,
+            record.fmt,
         )
 
+    @property
+    def record(self) -> Record:
+        return Record(self.kind, self.max_attempts, self.created_ms, self.fmt)
 
-def with_attempt(header: Header, state: bytes | None) -> Header:
-    """The header with its attempt state from the attempts hash ("<token> <attempt> <due>",
-    see QueueKeys.attempts) when there is one: that entry, not the header, is current."""
-    if not state:
-        return header
-    try:
-        token, attempt, due = state.split(b" ")
-        t, a = int(token), int(attempt)
-        d: float | None = float(due) if due else None
-    except ValueError:
-        return header  # an unreadable entry shows the header's own fields
-    header.token, header.attempts = t, a
-    header.due_ms = int(d) if d is not None and d.is_integer() else d
-    return header
+    @property
+    def attempt(self) -> Attempt:
+        return Attempt(self.token, self.attempts, self.due_ms)
 
 
 def _as_int(value: Any) -> int:
@@ -201,7 +244,7 @@ def encode_record(
     return prefix + str(created_ms).encode() + b"}\n" + payload
 
 
-def split_record(record: bytes) -> tuple[Header, bytes]:
+def split_record(record: bytes) -> tuple[Record, bytes]:
     """Split a record into its header and the still-encoded payload."""
     head, sep, payload = record.partition(b"\n")
     if not sep:
@@ -210,12 +253,12 @@ def split_record(record: bytes) -> tuple[Header, bytes]:
         raw = json.loads(head)
         if not isinstance(raw, dict):
             raise ValueError("header is not an object")
-        return Header.from_json(raw), payload
+        return Record.from_json(raw), payload
     except (ValueError, KeyError, TypeError) as e:
         raise RecordError(f"record header cannot be decoded: {e}") from None
 
 
-def decode_payload(header: Header, payload: bytes, codecs: dict[str, Codec]) -> Any:
+def decode_payload(header: Record | Header, payload: bytes, codecs: dict[str, Codec]) -> Any:
     codec = codecs.get(header.fmt)
     if codec is None:
         try:

@@ -18,6 +18,7 @@ from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
+    Attempt,
     Codec,
     RecordError,
     decode_payload,
@@ -25,7 +26,6 @@ from delayq.codec import (
     get_codec,
     record_prefix,
     split_record,
-    with_attempt,
 )
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
@@ -48,6 +48,33 @@ REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
 SEEK_STATES = ("scheduled", "active", "done", "dead")
+
+
+# The replies of the scripts read here, as their headers declare them ("-- REPLY"), checked
+# once at import against the names the decoders below unpack.
+ROWS = ("id", "score", "record", "error", "attempt")  # a task as the views read it
+SCRIPTS["schedule"].reply.require_row("status")  # one code per task: Scheduled.from_replies
+_GET = SCRIPTS["get"].reply
+_GET.require_head("state", "score", "record", "error", "attempt")
+_STATS = SCRIPTS["stats"].reply
+_STATS.require_head(
+    "now",
+    "scheduled",
+    "due",
+    "active",
+    "dead",
+    "done",
+    "head_due",
+    "next_lease",
+    "expiry_mode",
+)
+_STATS.require_row("name", "value")
+_WORKERS = SCRIPTS["workers"].reply
+_WORKERS.require_row("id", "seen", "info")
+_WORKERS_NOW = _WORKERS.at("now")
+_DEAD, _SEEK = SCRIPTS["dead"].reply, SCRIPTS["seek"].reply
+for _reply in (_DEAD, _SEEK, SCRIPTS["page"].reply):
+    _reply.require_row(*ROWS)
 
 
 @dataclass(frozen=True)
@@ -304,8 +331,8 @@ class QueueCore:
         def parse(reply: Any) -> TaskInfo | None:
             if not reply:
                 return None
-            state, score, record, err, attempt = reply
-            return self.task_info(tid, _s(state), float(score), _b(record), err, attempt)
+            state, score, record, error, attempt = reply  # _GET's head
+            return self.task_info(tid, _s(state), float(score), _b(record), error, attempt)
 
         return self.op("get", {"id": tid}, [], parse)
 
@@ -318,7 +345,6 @@ class QueueCore:
         when = ms_to_datetime(score)
         try:
             header, data = split_record(record)
-            header = with_attempt(header, _b(attempt) if attempt else None)
         except RecordError as e:
             # Still show what the sets know: when it died, is due, or its lease ends.
             return TaskInfo(
@@ -335,6 +361,7 @@ class QueueCore:
                 finished_at=when if state in ("done", "dead") else None,
                 queue=self.name,
             )
+        run = Attempt.parse(_b(attempt) if attempt else None)
         try:
             payload = decode_payload(header, data, self.codecs)
         except RecordError as e:
@@ -346,8 +373,8 @@ class QueueCore:
             state=_state(state),
             due_at=when
             if state == "scheduled"
-            else (ms_to_datetime(header.due_ms) if header.due_ms is not None else None),
-            attempts=header.attempts,
+            else (ms_to_datetime(run.due_ms) if run.due_ms is not None else None),
+            attempts=run.attempt,
             max_attempts=header.max_attempts,
             last_error=last_error,
             created_at=ms_to_datetime(header.created_ms) if header.created_ms else None,
@@ -358,22 +385,25 @@ class QueueCore:
 
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
         def parse(r: Any) -> QueueStats:
-            now, head = float(r[0]), float(r[6])
-            counters = {_s(r[i]): int(r[i + 1]) for i in range(9, len(r) - 1, 2)}
+            now_ms, scheduled, due, active, dead, done, head_due, next_lease, expiry_mode = r[
+                : _STATS.head
+            ]
+            now, head = float(now_ms), float(head_due)
+            counters = {_s(name): int(value) for name, value in _STATS.rows(r)}
             counters.pop("claim_seq", None)
             return QueueStats(
                 queue=self.name,
-                scheduled=int(r[1]),
-                due=int(r[2]),
-                active=int(r[3]),
-                dead=int(r[4]),
-                done=int(r[5]),
+                scheduled=int(scheduled),
+                due=int(due),
+                active=int(active),
+                dead=int(dead),
+                done=int(done),
                 oldest_due_age=max(0.0, (now - head) / 1000) if head >= 0 else 0.0,
                 next_due_at=_ms_or_none(head),
-                next_lease_deadline=_ms_or_none(r[7]),
+                next_lease_deadline=_ms_or_none(next_lease),
                 counters=counters,
                 now=ms_to_datetime(now),
-                expiry_mode=_s(r[8]) or None,
+                expiry_mode=_s(expiry_mode) or None,
             )
 
         return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
@@ -388,11 +418,10 @@ class QueueCore:
         check_page(offset, limit, MAX_DEAD_PAGE)
 
         def parse(r: Any) -> list[TaskInfo]:
-            out = []
-            for i in range(0, len(r), 5):
-                tid, died, record, err = _s(r[i]), float(r[i + 1]), r[i + 2], r[i + 3]
-                out.append(self.task_info(tid, "dead", died, _b(record or b""), err, r[i + 4]))
-            return out
+            return [
+                self.task_info(_s(id), "dead", float(died), _b(record or b""), error, attempt)
+                for id, died, record, error, attempt in _DEAD.rows(r)
+            ]
 
         return self.op("dead", {"offset": offset, "limit": limit}, [], parse)
 
@@ -411,8 +440,8 @@ class QueueCore:
 
         def parse(r: Any) -> list[SeekRow]:
             return [
-                SeekRow(_s(r[i]), _s(r[i + 1]), _b(r[i + 2] or b""), r[i + 3], r[i + 4])
-                for i in range(0, len(r), 5)
+                SeekRow(_s(id), _s(score), _b(record or b""), error, attempt)
+                for id, score, record, error, attempt in _SEEK.rows(r)
             ]
 
         args: dict[str, Arg] = {"state": state, "score": score, "id": tid, "limit": limit}
@@ -453,10 +482,10 @@ class QueueCore:
 
     def workers(self, limit: int = 100, now_ms: int | None = None) -> Op[list[WorkerInfo]]:
         def parse(r: Any) -> list[WorkerInfo]:
-            now = float(r[0])
+            now = float(r[_WORKERS_NOW])
             return [
-                parse_worker(_s(r[i]), float(r[i + 1]), r[i + 2], now, self.name)
-                for i in range(1, len(r), 3)
+                parse_worker(_s(id), float(seen), info, now, self.name)
+                for id, seen, info in _WORKERS.rows(r)
             ]
 
         return self.op("workers", {"now": _now_arg(now_ms), "limit": limit}, [], parse)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 
 class DelayqError(Exception):
     """Base class of every error delayq raises."""
@@ -50,7 +53,40 @@ class DurabilityError(DelayqError):
 
 
 class ScriptError(DelayqError):
-    """A delayq Lua script failed on the server (a bug or an incompatible server)."""
+    """A delayq Lua script failed on the server (a bug or an incompatible server).
+
+    ``script`` names it (``"claim"``; the file is ``lua/claim.lua``) when known: given by
+    the caller, or else found from the SHA1 the server quotes in its message. The message
+    ends with the file's name."""
+
+    script: str | None
+
+    def __init__(self, message: str, script: str | None = None) -> None:
+        script = script or _script_of(message)
+        if script is not None:
+            file = _file_of(script)
+            if file not in message:
+                message = f"{message} (script {file})"
+        super().__init__(message)
+        self.script = script
+
+
+_SHA_RE = re.compile(r"\b[0-9a-f]{40}\b")
+
+
+def _script_of(message: str) -> str | None:
+    """The delayq script whose SHA1 a server's error message quotes ("... script: <sha>,
+    on @user_script:12." on Redis 7 and Valkey), if any."""
+    from delayq.scripts import SCRIPTS  # (scripts.py loads every script: not at import)
+
+    shas = set(_SHA_RE.findall(message))
+    return next((name for name, s in SCRIPTS.items() if s.sha in shas), None) if shas else None
+
+
+def _file_of(script: str) -> str:
+    from delayq.scripts import file_of
+
+    return file_of(script)
 
 
 class LeaseLost(DelayqError):
@@ -102,3 +138,48 @@ class Fail(Exception):
     def __init__(self, reason: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# -- script status codes -----------------------------------------------------------------------
+# The one table from a script's status reply to the exception it means: (script, status) ->
+# (exception class, message template, formatted with the call's context). Scripts answer a
+# refusal with a status, never an error reply, so the caller chooses to raise; when it does,
+# it raises through raise_for, and the text users see is spelled here only.
+
+STATUS_ERRORS: dict[tuple[str, int | str], tuple[type[Exception], str]] = {
+    # shards.lua: the count's record carries a move under way (delayq reshard).
+    ("shards", -1): (
+        ConfigurationError,
+        "queue {queue!r} is being resharded (the key {key} has a 'moving' field): finish it "
+        "with `delayq reshard`, then open the queue with the new shard count",
+    ),
+    # cron/next.lua: the occurrence's lease expired or was taken over before it started.
+    ("cron_next", "lost"): (LeaseLost, "lease of occurrence {id} was lost before it started"),
+    # expire/confirm.lua: a set, touch or delete revoked the claim ahead (or the lease ended).
+    ("expire_confirm", "lost"): (
+        Discard,
+        "the expiry of {key!r} was superseded before its deadline",
+    ),
+}
+
+
+def error_for(script: str, status: Any, **context: Any) -> Exception | None:
+    """The exception a script's status reply means (see STATUS_ERRORS), or None when the
+    status is not a refusal. ``status`` as replied: bytes and numbers are read as the
+    table's keys."""
+    if isinstance(status, bytes):
+        status = status.decode()
+    if isinstance(status, str) and re.fullmatch(r"-?[0-9]+", status):
+        status = int(status)
+    entry = STATUS_ERRORS.get((script, status))
+    if entry is None:
+        return None
+    cls, template = entry
+    return cls(template.format(**context))
+
+
+def raise_for(script: str, status: Any, **context: Any) -> None:
+    """Raise the exception a script's status reply means, if it is a refusal."""
+    err = error_for(script, status, **context)
+    if err is not None:
+        raise err

@@ -12,13 +12,21 @@ from typing import Any
 
 from delayq.codec import Header
 from delayq.core import Op, QueueCore, _now_arg
-from delayq.scripts import Arg
+from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
 
 Lease = tuple[str, int]
 
 MAX_CLAIM = 1000  # tasks per claim call: bounds the script's run time and its reply
-CLAIM_STRIDE = 9  # reply entries per claimed task (claim.lua's header)
+
+# claim's reply as claim.lua declares it, read once: the head's positions by name, and its
+# rows unpacked by name, checked here against the declaration's (unpacking a row costs a
+# quarter less than nine index sums, on the worker's hottest path).
+_CLAIM = SCRIPTS["claim"].reply
+_NOW, _NEXT_DUE, _NEXT_LEASE = (_CLAIM.at(n) for n in ("now", "next_due", "next_lease"))
+_CLAIM.require_row(
+    "id", "kind", "attempt", "max_attempts", "token", "due", "created", "format", "payload"
+)
 
 
 @dataclass(slots=True)
@@ -48,6 +56,11 @@ def _opt(v: Any) -> int | None:
     return None if n < 0 else n
 
 
+# The other calls answer with the ids refused (or, for extend, lost): one id per row.
+for _name in ("ack", "retry", "bury", "release", "extend"):
+    SCRIPTS[_name].reply.require_row("id")
+
+
 def _ids(reply: Any) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
 
@@ -68,22 +81,24 @@ def claim(
         # decoded (see its header): nothing to validate here, and no JSON to parse.
         tasks = [
             Claimed(
-                r[i].decode(),
+                id.decode(),
                 Header(
-                    r[i + 1].decode(),
-                    r[i + 2],
-                    r[i + 3],
-                    r[i + 4],
-                    r[i + 6],
-                    r[i + 5] if type(r[i + 5]) is int else float(r[i + 5]),
-                    r[i + 7].decode() or "json",
+                    kind.decode(),
+                    attempt,
+                    max_attempts,
+                    token,
+                    created,
+                    due if type(due) is int else float(due),
+                    format.decode() or "json",
                 ),
-                r[i + 8],
+                payload,
             )
-            for i in range(3, len(r), CLAIM_STRIDE)
+            for id, kind, attempt, max_attempts, token, due, created, format, payload in (
+                _CLAIM.rows(r)
+            )
         ]
-        now_us = int(r[0])
-        return ClaimResult(now_us // 1000, _opt(r[1]), _opt(r[2]), tasks, now_us)
+        now_us = int(r[_NOW])
+        return ClaimResult(now_us // 1000, _opt(r[_NEXT_DUE]), _opt(r[_NEXT_LEASE]), tasks, now_us)
 
     return core.op(
         "claim",

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from delayq import Queue, leasing
-from delayq.codec import split_record, with_attempt
+from delayq.codec import Attempt, Header, split_record
 from delayq.core import TaskSpec
 from delayq.embedded import EmbeddedServer
 from delayq.keys import QueueKeys
@@ -204,7 +204,10 @@ def read_state(r: redis.Redis, k: QueueKeys) -> tuple[Any, ...]:
     records = {i: split_record(rec) for i, rec in tasks.items()}
     return (
         [{i.decode(): int(s) for i, s in z} for z in zsets],
-        {i.decode(): (with_attempt(h, attempts.get(i)), p) for i, (h, p) in records.items()},
+        {
+            i.decode(): (Header.of(h, Attempt.parse(attempts.get(i))), p)
+            for i, (h, p) in records.items()
+        },
         {i.decode(): e.decode() for i, e in errors.items()},
         {c.decode(): int(v) for c, v in stats.items()},
     )

@@ -9,7 +9,6 @@ header, the errors hash and the stats counters. ``want=None`` means "nothing cha
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import redis
 
 from delayq import Queue
 from delayq.admin import inspect as admin
-from delayq.codec import Header, RecordError, encode_record, split_record, with_attempt
+from delayq.codec import Attempt, Header, RecordError, encode_record, split_record
 from delayq.core import Op, QueueCore, TaskSpec
 from delayq.expiring import ops as expiring
 from delayq.keys import Key, QueueKeys
@@ -63,24 +62,16 @@ class T:
     m: int = 0
     t: int = 0
     d: int | None = None
-    # Seeded as claims wrote it before the attempts hash: a, t and d in the record's header.
-    legacy: bool = field(default=False, compare=False)
 
     def record(self) -> bytes:
         """Built like a producer does (encode_record): claims never rewrite it."""
-        rec = encode_record(
+        return encode_record(
             self.kind, self.payload, max_attempts=self.m, created_ms=CREATED, fmt="json"
         )
-        changed = {k: v for k, v in {"a": self.a, "t": self.t, "d": self.d}.items() if v}
-        if not self.legacy or not changed:
-            return rec
-        head, _, payload = rec.partition(b"\n")
-        header = json.loads(head) | changed
-        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
 
     def attempt(self) -> bytes | None:
-        """Its attempts-hash entry, or None for a task never claimed (or seeded as legacy)."""
-        if self.legacy or not (self.a or self.t or self.d):
+        """Its attempts-hash entry, or None for a task never claimed."""
+        if not (self.a or self.t or self.d):
             return None
         return f"{self.t} {self.a} {'' if self.d is None else self.d}".encode()
 
@@ -97,7 +88,7 @@ class T:
             header, payload = split_record(record)
         except RecordError:
             return record
-        return cls.of(with_attempt(header, attempt), payload)
+        return cls.of(Header.of(header, Attempt.parse(attempt)), payload)
 
 
 NEW = T(payload=b'"new"')  # what `spec()` schedules
@@ -291,17 +282,6 @@ CREATED_A = S(scheduled={"a": NOW + 5_000}, tasks={"a": NEW}, stats={"scheduled"
                 scheduled={"a": NOW + 5_000},
                 tasks={"a": dc_replace(LEASED, payload=b'"new"')},
                 errors={"a": "old failure"},
-                stats={"scheduled": 1},
-            ),
-        ),
-        Case(
-            "a waiting record claimed before the attempts hash keeps its attempts when replaced",
-            S(scheduled={"a": NOW + 1_000}, tasks={"a": dc_replace(LEASED, legacy=True)}),
-            sched(spec("a", delay=5), replace=True),
-            [2],
-            S(
-                scheduled={"a": NOW + 5_000},
-                tasks={"a": dc_replace(LEASED, payload=b'"new"')},
                 stats={"scheduled": 1},
             ),
         ),
@@ -578,14 +558,13 @@ def test_claim_tokens_increase_across_calls(queue: Queue) -> None:
 
 
 # Headers Lua's cjson decodes, with a number no reply can carry (not finite).
-CREATED_INF = pytest.param(b'{"k":"job","a":0,"m":0,"t":0,"c":1e999}\n{}', id="created-1e999")
-MAX_NAN = pytest.param(b'{"k":"job","a":0,"m":"nan","t":0}\n{}', id="max-attempts-nan")
-ATTEMPTS_INF = pytest.param(b'{"k":"job","a":"inf","m":0,"t":0}\n{}', id="attempts-inf")
+CREATED_INF = pytest.param(b'{"k":"job","m":0,"c":1e999}\n{}', id="created-1e999")
+MAX_NAN = pytest.param(b'{"k":"job","m":"nan"}\n{}', id="max-attempts-nan")
 # An integer no double holds exactly: written back with %d it would not read again.
-ATTEMPTS_HUGE = pytest.param(b'{"k":"job","a":100000000000000000}\n{}', id="attempts-1e17")
+MAX_HUGE = pytest.param(b'{"k":"job","m":100000000000000000}\n{}', id="max-attempts-1e17")
 
 
-@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, ATTEMPTS_INF, ATTEMPTS_HUGE])
+@pytest.mark.parametrize("record", [CREATED_INF, MAX_NAN, MAX_HUGE])
 def test_claim_buries_a_header_with_a_number_out_of_range_and_loses_nothing(
     queue: Queue, record: bytes
 ) -> None:
@@ -1201,94 +1180,6 @@ def test_dead_shows_when_an_undecodable_task_died(queue: Queue) -> None:
     assert [(i.id, i.finished_at) for i in page] == [("y", when(NOW - 30))]
 
 
-# -- records claimed before the attempts hash ------------------------------------------
-# They carry their attempt state (a, t, d) in the header and have no attempts entry: every
-# script reads it there until a claim writes an entry, which wins from then on.
-
-OLD = dc_replace(LEASED, legacy=True)  # attempt 1, token 7, due NOW - 5_000
-OLD_SPENT = dc_replace(LEASED, a=3, m=3, legacy=True)
-
-
-@pytest.mark.parametrize(
-    "case",
-    table(
-        Case(
-            "ack checks the header's token: a wrong one is refused",
-            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
-            ack_op(("a", 8)),
-            ["a"],
-        ),
-        Case(
-            "ack with the header's token finishes the task",
-            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
-            ack_op(("a", 7)),
-            [],
-            S(done={"a": NOW}, tasks={"a": OLD}, stats={"succeeded": 1}),
-        ),
-        Case(
-            "a claim counts on from the header's attempt and writes the entry",
-            S(scheduled={"a": NOW - 10}, tasks={"a": OLD}, stats={"claim_seq": 7}),
-            claim_op(),
-            (NOW, None, NOW + LEASE, [("a", T(a=2, t=8, d=NOW - 10))]),
-            S(
-                active={"a": NOW + LEASE},
-                tasks={"a": T(a=2, t=8, d=NOW - 10)},
-                stats={"claim_seq": 8},
-            ),
-        ),
-        Case(
-            "the reaper reads the header's attempt against the attempt limit",
-            S(active={"a": NOW - 1}, tasks={"a": OLD_SPENT}),
-            lambda c: c.reap(now_ms=NOW),
-            1,
-            S(
-                dead={"a": NOW},
-                tasks={"a": OLD_SPENT},
-                errors={"a": reaped(3, dead=True)},
-                stats={"dead": 1, "leases_expired": 1},
-            ),
-        ),
-        Case(
-            "release gives back the header's attempt and keeps its due time",
-            S(active={"a": NOW + 1_000}, tasks={"a": OLD}),
-            release_op(("a", 7)),
-            [],
-            S(
-                scheduled={"a": NOW - 5_000},
-                tasks={"a": dc_replace(LEASED, a=0)},
-                stats={"released": 1},
-            ),
-        ),
-        Case(
-            "replay starts the attempts again from the header's",
-            S(dead={"a": NOW - 10}, tasks={"a": OLD_SPENT}, errors={"a": "fatal"}),
-            lambda c: c.replay(now_ms=NOW),
-            1,
-            S(
-                scheduled={"a": NOW},
-                tasks={"a": dc_replace(LEASED, a=0, m=3)},
-                errors={"a": "fatal"},
-                stats={"replayed": 1},
-            ),
-        ),
-    ),
-)
-def test_a_record_claimed_before_the_attempts_hash_keeps_its_lease_and_attempts(
-    queue: Queue, case: Case
-) -> None:
-    check(queue, case)
-
-
-def test_get_shows_the_attempt_of_a_record_claimed_before_the_attempts_hash(
-    queue: Queue,
-) -> None:
-    r, k = queue.client, queue.core.keys
-    seed(r, k, S(active={"a": NOW + 1_000}, tasks={"a": OLD_SPENT}))
-    info = SyncRunner(r).run(queue.core.get("a"))
-    assert info is not None and (info.attempts, info.max_attempts) == (3, 3)
-    assert info.due_at == ms_to_datetime(NOW - 5_000)
-
-
 def test_a_new_task_never_inherits_an_attempt_state_left_behind(queue: Queue) -> None:
     """Scripts of earlier versions delete records but know no attempts hash, so an entry can
     outlive its record: a task created with that id again starts from no attempts."""
@@ -1419,8 +1310,10 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
         assert len(op.args) >= len(op.script.arg_names)
         assert all(f"{{{core.name}}}" in key for key in op.keys), "one hash tag per call"
     runner = SyncRunner(queue.client)
-    for op in ops:  # each script compiles and accepts the call it is built with
-        runner.run(op)
+    for op in ops:  # each script compiles, accepts the call it is built with, and replies
+        raw = runner.run(dc_replace(op, parse=lambda reply: reply))  # as it declares
+        assert op.script.reply.matches(raw), (op.script.name, op.script.reply.text, raw)
+        op.parse(raw)
 
 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
@@ -1524,3 +1417,17 @@ def test_an_unchanged_registration_is_one_write(queue: Queue) -> None:
     assert writes == {"cmdstat_zadd"}
     assert r.hgetall(k.workers) == {b"w1": b'{"v":1}'}
     assert r.zscore(k.workers_seen, "w1") == later
+
+
+def test_claims_reply_is_laid_out_as_claim_lua_declares(queue: Queue) -> None:
+    """The claim reply the worker unpacks by name: a head, then one whole row per task."""
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(scheduled={i: NOW for i in "abc"}, tasks={i: T() for i in "abc"}))
+    op = claim(queue.core, limit=10, lease_ms=LEASE, now_ms=NOW)
+    raw = SyncRunner(r).run(dc_replace(op, parse=lambda reply: reply))
+    declared = SCRIPTS["claim"].reply
+    assert len(raw) == declared.head + 3 * declared.stride and declared.matches(raw)
+    rows = list(declared.rows(raw))
+    assert [row[declared.field("id")] for row in rows] == [b"a", b"b", b"c"]
+    assert [row[declared.field("token")] for row in rows] == [1, 2, 3]
+    assert raw[declared.at("now")] == NOW * 1000

@@ -18,11 +18,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import redact, resolve_url, sync_client
-from delayq.core import MAX_SEEK, Op, QueueCore, _b, _s, check_page
+from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, _b, _s, check_page
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from delayq.queue import Queue
 from delayq.runner import SyncRunner, translate
+from delayq.scripts import SCRIPTS
 from delayq.shards import add_stats
 from delayq.task import QueueStats, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import ms_to_datetime
@@ -102,6 +103,14 @@ class Finished:
 
 # -- builders for the read-only scripts ----------------------------------------------------
 
+# Their replies as the scripts declare them ("-- REPLY"), checked once, at import, against
+# the names the parsers below unpack.
+_PAGE, _TIMELINE, _FINISHED = (SCRIPTS[n].reply for n in ("page", "timeline", "finished"))
+_PAGE.require_row(*ROWS)
+_TIMELINE.require_row("count")
+_NOW, _OVERDUE, _LATER = (_TIMELINE.at(n) for n in ("now", "overdue", "later"))
+_FINISHED.require_row("kind", "due", "finished")
+
 
 def page(
     core: QueueCore, state: PageState, offset: int = 0, limit: int = 100
@@ -113,10 +122,8 @@ def page(
 
     def parse(r: Any) -> list[TaskInfo]:
         return [
-            core.task_info(
-                _s(r[i]), state, float(r[i + 1]), _b(r[i + 2] or b""), r[i + 3], r[i + 4]
-            )
-            for i in range(0, len(r), 5)
+            core.task_info(_s(id), state, float(score), _b(record or b""), error, attempt)
+            for id, score, record, error, attempt in _PAGE.rows(r)
         ]
 
     return core.op("page", {"state": state, "offset": offset, "limit": limit}, [], parse)
@@ -131,11 +138,11 @@ def timeline(
 
     def parse(r: Any) -> Timeline:
         return Timeline(
-            now=ms_to_datetime(float(r[0])),
+            now=ms_to_datetime(float(r[_NOW])),
             bucket_seconds=width / 1000,
-            overdue=int(r[1]),
-            counts=[int(c) for c in r[2:-1]],
-            later=int(r[-1]),
+            overdue=int(r[_OVERDUE]),
+            counts=[int(count) for (count,) in _TIMELINE.rows(r)],
+            later=int(r[_LATER]),
         )
 
     now = "" if now_ms is None else int(now_ms)
@@ -148,13 +155,13 @@ def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
 
     def parse(r: Any) -> list[Finished]:
         out = []
-        for i in range(0, len(r), 3):
-            due = float(r[i + 1])
+        for kind, due_ms, finished in _FINISHED.rows(r):
+            due = float(due_ms)
             out.append(
                 Finished(
-                    _s(r[i]),
+                    _s(kind),
                     ms_to_datetime(due) if due >= 0 else None,
-                    ms_to_datetime(float(r[i + 2])),
+                    ms_to_datetime(float(finished)),
                 )
             )
         return out

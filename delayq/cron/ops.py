@@ -19,9 +19,16 @@ from typing import Any
 
 from delayq.core import Op, QueueCore, TaskSpec, _now_arg
 from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
-from delayq.scripts import Arg
+from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
 from delayq.timing import ms_to_datetime
+
+# cron_read's reply as cron/read.lua declares it, checked once against the names read below.
+_READ = SCRIPTS["cron_read"].reply
+_READ.require_row("name", "meta", "state", "score")
+_READ_NOW = _READ.at("now")
+_SYNC = SCRIPTS["cron_sync"].reply
+_SYNC.require_row("applied")
 
 READ_LIMIT = 10_000  # schedules per queue read in one call
 ERROR_CHARS = 500  # of the last error kept in the metadata
@@ -63,16 +70,16 @@ class CronState:
 def read(core: QueueCore, *, limit: int = READ_LIMIT, now_ms: int | None = None) -> Op[CronState]:
     def parse(r: Any) -> CronState:
         stored = {}
-        for i in range(1, len(r), 4):
-            name, raw = _s(r[i]), _b(r[i + 1])
+        for name_b, meta, state, _score in _READ.rows(r):
+            name, raw = _s(name_b), _b(meta)
             try:
                 data = json.loads(raw)
             except ValueError:
                 data = {}
             if not isinstance(data, dict):
                 data = {}
-            stored[name] = Stored(name, raw, data, _s(r[i + 2]))
-        return CronState(int(r[0]), stored)
+            stored[name] = Stored(name, raw, data, _s(state))
+        return CronState(int(r[_READ_NOW]), stored)
 
     return core.op("cron_read", {"now": _now_arg(now_ms), "limit": limit}, [], parse)
 
@@ -159,7 +166,7 @@ def sync(core: QueueCore, changes: Sequence[Change]) -> Op[list[bool]]:
         "cron_sync",
         {"channel": core.keys.wake_channel},
         rest,
-        lambda r: [int(x) == 1 for x in r],
+        lambda r: [int(applied) == 1 for (applied,) in _SYNC.rows(r)],
     )
 
 

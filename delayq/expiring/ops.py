@@ -25,7 +25,7 @@ from typing import Any
 from delayq.codec import JsonCodec, encode_payload, record_prefix
 from delayq.core import Op, QueueCore, new_task_id
 from delayq.errors import InvalidTaskError
-from delayq.scripts import Arg
+from delayq.scripts import SCRIPTS, Arg
 from delayq.text import check as check_text
 from delayq.timing import Duration, seconds
 
@@ -127,6 +127,7 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
 
 # What expire_confirm answers a worker about to deliver a watched key's expiry.
 LOST, EARLY, CURRENT, MOVED = "lost", "early", "current", "moved"
+SCRIPTS["expire_confirm"].reply.require_head("status", "ms")
 
 
 def confirm_op(
@@ -138,7 +139,7 @@ def confirm_op(
     again after this expiry happened."""
 
     def parse(reply: Any) -> tuple[str, int]:
-        status, ms = reply
+        status, ms = reply  # expire_confirm's head, checked above
         return (status.decode() if isinstance(status, bytes) else str(status)), int(ms)
 
     args: dict[str, Arg] = {"now": _now(now_ms), "key": key, "id": task_id, "token": token}

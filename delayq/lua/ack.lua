@@ -11,6 +11,7 @@
 -- ARGV[3] counter     stats counter to add to: "succeeded" or "discarded"
 -- ARGV[4] trim_limit  delete at most this many records whose dedupe window has passed
 -- ARGV[5...] leases   pairs: id, lease token
+-- REPLY per refused {id}
 -- Returns: the ids whose ack was refused because the lease was lost (expired or taken over).
 --@include common
 --@include lease

@@ -8,6 +8,7 @@
 -- KEYS[6] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2...] tasks   triples: id, lease token, reason
+-- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
 --@include common
 --@include lease

@@ -6,6 +6,7 @@
 -- KEYS[5] attempts
 -- KEYS[6] xkeys
 -- ARGV[1] id
+-- REPLY cancelled
 -- Returns: 1 if the task was waiting and is now gone, else 0.
 --@include common
 --@include expire

@@ -16,6 +16,7 @@
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
 -- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
 -- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
+-- REPLY {now, next_due, next_lease} then per task {id, kind, attempt, max_attempts, token, due, created, format, payload}
 -- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
 --          attempt, max_attempts, token, due, created, format ("" for JSON), payload}; the
 --          other times are ms (-1 when there is none); a due time with microseconds comes
@@ -61,11 +62,10 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
       local h, payload, created = nil, nil, nil
       if recs[j] then h, payload, created = dq_split_cached(recs[j], headers) end
       if h then
-        -- The attempt count is the entry's, or an old record's header's (dq_attempt_of_record).
-        local attempt = h.a
-        if states[j] then attempt = dq_attempt_count(states[j]) end
+        -- A task never claimed has no entry: its first attempt.
+        local attempt = 1
+        if states[j] then attempt = dq_attempt_count(states[j]) + 1 end
         token = token + 1
-        attempt = attempt + 1
         claims[n + 1] = id
         claims[n + 2] = dq_attempt_text(token, attempt, due[2 * j])
         leases[n + 1] = math.max(now, at) + lease

@@ -5,6 +5,7 @@
 -- KEYS[4] attempts
 -- ARGV[1] offset
 -- ARGV[2] limit
+-- REPLY per task {id, score, record, error, attempt}
 -- Returns: flat quintuples: id, time of death (ms), record (or false), reason (or false),
 --          attempt state (or false: see get.lua).
 --@include rows

@@ -9,6 +9,7 @@
 -- ARGV[3] worker     the worker's id ("" = do not register)
 -- ARGV[4] worker_info its registration (JSON)
 -- ARGV[5...] leases  pairs: id, lease token
+-- REPLY per lost {id}
 -- Returns: the ids whose lease was lost; their handlers must stop.
 --@include common
 --@include lease

@@ -4,6 +4,7 @@
 -- KEYS[2] tasks
 -- KEYS[3] attempts
 -- ARGV[1] limit      at most this many tasks
+-- REPLY per task {kind, due, finished}
 -- Returns: flat triples, most recent first: kind ("?" if undecodable), due of the last run
 --          (ms, -1 if unknown), finish time (ms). Records already trimmed are skipped.
 --@include common
@@ -13,7 +14,7 @@ for i = 1, #done, 2 do
   local rec = redis.call('HGET', K.tasks, done[i])
   if rec then
     local h = dq_split(rec)
-    local _, _, d = dq_attempt(K, done[i], h or false)
+    local _, _, d = dq_attempt(K, done[i])
     out[#out + 1] = (h and h.k) or '?'
     out[#out + 1] = tonumber(d) or -1
     out[#out + 1] = done[i + 1]

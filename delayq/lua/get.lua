@@ -7,6 +7,7 @@
 -- KEYS[6] errors
 -- KEYS[7] attempts
 -- ARGV[1] id
+-- REPLY {state, score, record, error, attempt} | nil
 -- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
 --          <due>") or false} or false when the id is unknown.
 --          score: due time (scheduled), lease deadline (active), time of death or finish.

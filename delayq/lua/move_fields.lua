@@ -8,6 +8,7 @@
 --                the fields
 -- ARGV[2] which  "cron", "xkeys" or "expiry"
 -- ARGV[3...] items  read: cursor, count; put: field, value pairs; drop: fields
+-- REPLY {cursor, pairs} | count
 -- Returns: read: {next cursor ("0": done), flat field, value pairs}; put and drop: how many
 --          fields.
 if A.which ~= 'cron' and A.which ~= 'xkeys' and A.which ~= 'expiry' then

@@ -9,6 +9,7 @@
 -- ARGV[2] state  "scheduled" or "done": the set they are in
 -- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
 --                   state ("": none); drop: ids
+-- REPLY count
 -- Returns: how many tasks were put or dropped.
 --@include common
 if A.state ~= 'scheduled' and A.state ~= 'done' then

@@ -7,6 +7,7 @@
 -- ARGV[1] state      "scheduled" (by due time) or "active" (by lease deadline)
 -- ARGV[2] offset
 -- ARGV[3] limit
+-- REPLY per task {id, score, record, error, attempt}
 -- Returns: flat quintuples: id, score (ms), record (or false), last error (or false),
 --          attempt state (or false: see get.lua).
 --@include rows

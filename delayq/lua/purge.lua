@@ -7,6 +7,7 @@
 -- ARGV[1] before_ms  with no ids: only tasks that died before this time ("" = any time)
 -- ARGV[2] limit      with no ids: at most this many per call (the caller repeats)
 -- ARGV[3...] ids     the tasks to purge; none means the oldest dead tasks
+-- REPLY count
 -- Returns: the number of tasks purged.
 --@include common
 --@include expire

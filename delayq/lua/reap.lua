@@ -10,6 +10,7 @@
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] limit      at most this many leases
 -- ARGV[3] channel    wake-up channel
+-- REPLY count
 -- Returns: the number of expired leases handled.
 --@include common
 --@include reap

@@ -10,6 +10,7 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3...] leases  triples: id, lease token, due ("" keeps the task's due time;
 --                    "+ms" from now, or absolute ms)
+-- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
 --@include common
 --@include lease

@@ -8,6 +8,7 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] limit      with no ids: replay at most this many, oldest first
 -- ARGV[4...] ids     the tasks to replay; none means the oldest dead tasks
+-- REPLY count
 -- Returns: the number of tasks replayed. The last error is kept for the record.
 --@include common
 local now = dq_now(A.now)
@@ -23,9 +24,9 @@ for _, id in ipairs(ids) do
   -- Nothing runnable to replay stays dead, evidence intact.
   local h = rec and dq_split(rec)
   if h then
-    local t, _, d = dq_attempt(K, id, h)
+    local t, _, d = dq_attempt(K, id)
     redis.call('ZREM', K.dead, id)
-    redis.call('HSET', K.attempts, id, dq_attempt_text(t, 0, d and dq_ms(d) or ''))
+    redis.call('HSET', K.attempts, id, dq_attempt_text(t or 0, 0, d and dq_ms(d) or ''))
     redis.call('ZADD', K.scheduled, now, id)
     n = n + 1
   end

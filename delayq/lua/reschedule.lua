@@ -4,6 +4,7 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] id
 -- ARGV[4] due        "+ms" from now, or absolute ms
+-- REPLY moved
 -- Returns: 1 if the task was waiting and moved, else 0 (running, finished, dead or unknown).
 --@include common
 if not redis.call('ZSCORE', K.scheduled, A.id) then return 0 end

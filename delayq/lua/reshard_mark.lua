@@ -6,6 +6,7 @@
 -- ARGV[2] move    "<from>><to>", the move this call is about
 -- ARGV[3] count   begin: the count the queue must have now (none stored counts as 1);
 --                 end: the count to store
+-- REPLY {count, moving} | status
 -- Returns: read: {stored count or "", move under way or ""}. begin: 1, or 0 when another
 --          move is under way or the stored count is not ARGV count (it changed meanwhile);
 --          a begin of the move already under way is 1 (it resumes). end: 1, storing the count

@@ -8,6 +8,7 @@
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
+-- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
 --@include common
 --@include lease

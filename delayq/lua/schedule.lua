@@ -15,6 +15,7 @@
 -- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
 --                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
 -- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
+-- REPLY per task {status}
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
 --          done within the dedupe window, or dead), 3 not replaced because it is running
 --          (only with replace "1": a running task is never replaced).
@@ -40,17 +41,10 @@ local function put(id, due, rec)
   enqueue(id, due)
 end
 
--- A waiting task replaced: a new record and due time, but the attempts it has made (and
--- its last error) stay, so a producer that always replaces cannot keep a failing task from
--- dying. A record claimed before the attempts hash existed holds them in its header: they
--- move to an entry before the record is overwritten.
+-- A waiting task replaced: a new record and due time, but the attempts it has made (its
+-- attempts entry) and its last error stay, so a producer that always replaces cannot keep a
+-- failing task from dying.
 local function move(id, due, rec)
-  if redis.call('HEXISTS', K.attempts, id) == 0 then
-    local t, a, d = dq_attempt_of_record(K, id)
-    if a and a > 0 then
-      redis.call('HSET', K.attempts, id, dq_attempt_text(t or 0, a, d and dq_ms(d) or ''))
-    end
-  end
   redis.call('HSET', K.tasks, id, rec)
   enqueue(id, due)
 end

@@ -14,6 +14,7 @@
 -- ARGV[2] score   the cursor's score as a reply gave it; "" for the first page
 -- ARGV[3] id      the cursor's id (members of one score are in byte order, as in the set)
 -- ARGV[4] limit   at most this many tasks
+-- REPLY per task {id, score, record, error, attempt}
 -- Returns: flat quintuples, in page order: id, score (ms), record (or false), last error
 --          (or false), attempt state (or false: see get.lua).
 --@include rows

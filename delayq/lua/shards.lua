@@ -6,6 +6,7 @@
 -- ARGV[1] want   the shard count this process was opened with
 -- ARGV[2] store  "1" (a write): store want if no count is stored; "0" (get, cancel,
 --                reschedule): only read
+-- REPLY count
 -- Returns: the stored count; 0 when none is stored and store is "0"; -1 while the queue is
 -- being resharded (field "moving", set by operate.reshard), whatever the count. The first
 -- process to write to the queue stores its count (one included), so two processes that

@@ -6,6 +6,7 @@
 -- KEYS[5] stats
 -- KEYS[6] expiry
 -- ARGV[1] now        ms, or "" for the server's TIME
+-- REPLY {now, scheduled, due, active, dead, done, head_due, next_lease, expiry_mode} then per counter {name, value}
 -- Returns: {now, scheduled, due, active, dead, done, head_due (-1: none),
 --           next_lease_deadline (-1: none), expiry watcher mode ("" if none),
 --           counter name, value, ...}

@@ -3,6 +3,7 @@
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] bucket_ms  width of one bucket
 -- ARGV[3] buckets    how many buckets (the caller keeps this small)
+-- REPLY {now, overdue} then per bucket {count} then {later}
 -- Returns: {now, overdue (due by now), count of bucket 1, ..., count of bucket N, later};
 --          bucket i holds due times in (now + (i-1) * bucket_ms, now + i * bucket_ms].
 --@include common

@@ -3,6 +3,7 @@
 -- KEYS[2] workers_seen
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] limit      at most this many
+-- REPLY {now} then per worker {id, seen, info}
 -- Returns: {now, id1, last_seen1, info1, id2, ...}; info is false if missing.
 --@include common
 local now = dq_now(A.now)

@@ -18,6 +18,7 @@
 -- ARGV[9] reason       why it is skipped
 -- ARGV[10] init        the schedule's metadata (JSON) to start from if none is stored
 -- ARGV[11...] next     the next occurrence: id, due (absolute ms), record
+-- REPLY status
 -- Returns: "run", "skip", "busy" (max_running runs are on: try again later; "waiting" when
 --          it was already waiting) or "lost" (the lease is gone: expired or taken over).
 --@include common

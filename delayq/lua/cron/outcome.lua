@@ -5,6 +5,7 @@
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3...] outcomes  quadruples: schedule name, occurrence id, status, error ("" if none)
+-- REPLY count
 -- Returns: the number of schedules updated.
 --@include common
 --@include cron

@@ -6,6 +6,7 @@
 -- KEYS[5] dead
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] limit      at most this many schedules
+-- REPLY {now} then per schedule {name, meta, state, score}
 -- Returns: {now, name1, metadata1, state1, score1, name2, ...}; state is the next
 --          occurrence's set (scheduled, active, done, dead) or "" when it is gone, score
 --          its score there (-1 when gone).

@@ -10,6 +10,7 @@
 -- ARGV[2...] changes  7-tuples: name, expected metadata ("" = none stored), new metadata
 --                     ("" = delete), occurrence to cancel if waiting (""), occurrence to
 --                     create: id (""), due (absolute ms), record
+-- REPLY per change {applied}
 -- Returns: per change, 1 if applied, 0 if refused (the metadata changed meanwhile).
 --@include common
 --@include cron

@@ -8,6 +8,7 @@
 -- ARGV[2] key        the watched key
 -- ARGV[3] id         the task
 -- ARGV[4] token      the lease token of this claim
+-- REPLY {status, ms}
 -- Returns: {status, ms}. status "lost": the lease is gone (a set, touch or delete before the
 -- deadline revoked the claim ahead, or the lease expired): no callback. "early": the
 -- deadline has not passed on the server's clock; ms is how long until it has. "current":

@@ -8,6 +8,7 @@
 -- KEYS[7] attempts
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] key        the watched key
+-- REPLY cancelled
 -- Returns: 1 if a waiting expiry was cancelled, else 0.
 -- Only a key that has not expired is cancelled (waiting, or claimed ahead of its deadline:
 -- the claim is revoked). An expiry that happened is still delivered, and a mapping stays

@@ -5,6 +5,7 @@
 -- whose dedupe window is 0, where the record goes at once.
 -- KEYS[1] *gate      this key's gate (QueueKeys.expire_gate), given per call
 -- ARGV[1] gate_ms    how long the gate stays shut
+-- REPLY ok
 -- Returns: 1.
 redis.call('SET', K.gate, '1', 'PX', tonumber(A.gate_ms))
 return 1

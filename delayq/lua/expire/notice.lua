@@ -15,6 +15,7 @@
 -- ARGV[4] id         task id to use for a foreign key
 -- ARGV[5] record     its record ("" when the key matches no pattern: only watched keys count)
 -- ARGV[6] gate_ms    how long the gate stays shut
+-- REPLY status
 -- Returns: 1 a watched key's task was moved to now, 2 a foreign key's task was created, else 0.
 --@include common
 --@include expire

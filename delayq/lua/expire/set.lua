@@ -14,6 +14,7 @@
 -- ARGV[5] ttl_ms     time to live
 -- ARGV[6] header     the record's header line, newline included
 -- ARGV[7] value      the value, JSON-encoded
+-- REPLY deadline
 -- Returns: the deadline (ms, server clock).
 -- The task of an earlier set is replaced only while its key has not expired ('alive', or
 -- claimed ahead of its deadline: the claim is revoked). One whose key expired (waiting,

@@ -9,6 +9,7 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] key        the watched key
 -- ARGV[4] ttl_ms     new time to live
+-- REPLY deadline
 -- Returns: the new deadline (ms), or -1 when the key is not watched or has expired.
 -- Only a key that has not expired moves: a waiting task, or one claimed ahead of its
 -- deadline (the claim is revoked and the task waits again, never attempted).

@@ -38,15 +38,9 @@ local function dq_split(rec)
   local payload = string.sub(rec, nl + 1)
   local ok, h = pcall(cjson.decode, string.sub(rec, 1, nl - 1))
   if not ok or type(h) ~= 'table' or type(h.k) ~= 'string' then return nil, payload end
-  h.a = tonumber(h.a) or 0
   h.m = tonumber(h.m) or 0
-  h.t = tonumber(h.t) or 0
   h.c = tonumber(h.c)
-  h.d = tonumber(h.d)
-  if not (dq_finite(h.a) and dq_finite(h.m) and dq_finite(h.t) and dq_finite(h.c)
-      and dq_finite(h.d)) then
-    return nil, payload
-  end
+  if not (dq_finite(h.m) and dq_finite(h.c)) then return nil, payload end
   return h, payload
 end
 
@@ -103,25 +97,12 @@ local function dq_attempt_text(t, a, due)
   return string.format('%d %d %s', t, a, due)
 end
 
--- The attempt state of a task with no entry in the attempts hash: records claimed before
--- that hash existed carry it in their header (t, a, d); a new one has none (0, 0, nil).
--- h: the record's header when the caller has decoded it (false: it cannot be), nil to read
--- it here. nil when there is no record or its header cannot be decoded.
-local function dq_attempt_of_record(k, id, h)
-  if h == nil then
-    local rec = redis.call('HGET', k.tasks, id)
-    h = rec and dq_split(rec)
-  end
-  if not h then return nil end
-  return h.t, h.a, h.d
-end
-
--- One task's attempt state: token, attempt, due (see dq_attempt_parse); h as for
--- dq_attempt_of_record. k holds attempts and tasks.
-local function dq_attempt(k, id, h)
+-- One task's attempt state: token, attempt, due (see dq_attempt_parse); nil when it has
+-- none (never claimed). k holds attempts.
+local function dq_attempt(k, id)
   local raw = redis.call('HGET', k.attempts, id)
   if raw then return dq_attempt_parse(raw) end
-  return dq_attempt_of_record(k, id, h)
+  return nil
 end
 
 -- Forget tasks: record, attempt state and last error. k holds tasks, attempts and errors.

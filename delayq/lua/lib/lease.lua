@@ -1,9 +1,8 @@
 -- Fencing, for a batch: the caller holds a task's lease only if the task is active, the
 -- lease has not expired, and the token of the task's current claim is the one handed out
--- with this claim. One ZMSCORE and one HMGET of the attempts hash for the whole batch; a
--- record is read only when it was claimed before that hash existed. With consumes (ack,
--- retry, bury, release), an id repeated in the batch is held only the first time, as if
--- the calls ran one by one. Needs: common. k holds active, attempts and tasks.
+-- with this claim. One ZMSCORE and one HMGET of the attempts hash for the whole batch. With
+-- consumes (ack, retry, bury, release), an id repeated in the batch is held only the first
+-- time, as if the calls ran one by one. Needs: common. k holds active and attempts.
 -- Returns, per id: true when the lease is held, else false.
 local function dq_held(k, ids, tokens, now, consumes)
   local held, seen = {}, {}
@@ -13,8 +12,7 @@ local function dq_held(k, ids, tokens, now, consumes)
   for j = 1, #ids do
     local h = false
     if deadlines[j] and tonumber(deadlines[j]) >= now then
-      local t
-      if states[j] then t = dq_attempt_token(states[j]) else t = dq_attempt_of_record(k, ids[j]) end
+      local t = states[j] and dq_attempt_token(states[j])
       h = t ~= nil and t == tonumber(tokens[j])
       if h and consumes then
         if seen[ids[j]] then h = false end

@@ -10,7 +10,8 @@ local function dq_reap(k, now, limit)
     local rec = redis.call('HGET', k.tasks, id)
     if rec then
       local h = dq_split(rec)
-      local _, a = dq_attempt(k, id, h or false)
+      local _, a = dq_attempt(k, id)
+      if not a and h then a = 0 end  -- never claimed (an active task always was)
       local what = 'lease expired during attempt ' .. tostring(a or '?') ..
         ' (the worker stopped, crashed or stalled past its lease)'
       if h and h.m > 0 and a >= h.m then
