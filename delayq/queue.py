@@ -34,7 +34,7 @@ from delayq.core import (
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.expiring.facade import AsyncExpiring, Expiring
 from delayq.keys import DEFAULT_PREFIX
-from delayq.runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
+from delayq.runner import AsyncRunner, Call, Durable, Plan, SyncRunner, batch_plan, call
 from delayq.shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import Duration, seconds
@@ -79,7 +79,7 @@ Progress = Callable[[int], None]  # hears how many tasks each batch handled
 def _each(ops: list[Op[int]], progress: Progress | None) -> Plan[int]:
     total = 0
     for op in ops:
-        n: int = yield ("run", op)
+        n = yield from call(op)
         total += n
         if progress:
             progress(n)
@@ -90,7 +90,7 @@ def _until_none(batches: Sequence[Callable[[], Op[int]]], progress: Progress | N
     """Run each shard's next batch until it handles nothing more."""
     total = 0
     for make in batches:
-        while n := (yield ("run", make())):
+        while n := (yield from call(make())):
             total += n
             if progress:
                 progress(n)
@@ -193,15 +193,14 @@ class _Base(Generic[C]):
         """Once per queue object, before its first write or read of a task: refuse a
         different shard count (a read stores none; see Shards.verify)."""
         if not self.shards.checked:
-            self.shards.verify((yield ("run", self.shards.check_op(store=store))))
+            self.shards.verify((yield from call(self.shards.check_op(store=store))))
 
     def _checked_plan(self, op: Op[T], store: bool = False) -> Plan[T]:
         """One call, after the shard count check: opened with the wrong count, a task's
         shard (get, cancel, reschedule), the home shard (workers, watched keys) would be the
         wrong one. ``store``: a write, which stores the count when none is."""
         yield from self._check_shards_plan(store=store)
-        reply: T = yield ("run", op)
-        return reply
+        return (yield from call(op))
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
@@ -231,7 +230,9 @@ class _Base(Generic[C]):
         yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None
         if wait is None:
-            reply: list[Scheduled] = yield ("run", ops[0])
+            # The hot path: the step itself rather than call() (a generator less per call);
+            # its parser gives Scheduled ids (typed list[str] by the builder).
+            reply: list[Scheduled] = yield Call(ops[0])
         else:
             (reply,) = yield from batch_plan(ops, wait)
         return reply[0]
@@ -242,16 +243,14 @@ class _Base(Generic[C]):
     def _stats_plan(self) -> Plan[QueueStats]:
         yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
-            stats: QueueStats = yield ("run", self.core.stats())
-            return stats
+            return (yield from call(self.core.stats()))
         parts = yield from batch_plan([c.stats() for c in self.shards.cores])
         return add_stats(parts)
 
     def _dead_plan(self, offset: int, limit: int) -> Plan[list[TaskInfo]]:
         yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
-            page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
-            return page
+            return (yield from call(self.core.dead(offset, limit)))
         check_page(offset, limit, MAX_DEAD_PAGE)
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
@@ -296,7 +295,7 @@ class _Base(Generic[C]):
             return (yield from _each(ops, progress))
         before = None
         if older_than is not None:
-            stats: QueueStats = yield ("run", self.core.stats())
+            stats = yield from call(self.core.stats())
             before = int(stats.now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000)
         purges = [
             functools.partial(c.purge_dead, None, before_ms=before) for c in self.shards.cores
