@@ -30,7 +30,7 @@ from delayq.core import Op, QueueCore, SeekRow
 from delayq.keys import DEFAULT_PREFIX, HOME_ID_PREFIXES
 from delayq.runner import Plan, batch_plan, call
 from delayq.scripts import Arg
-from delayq.shards import Shards, validate_shards
+from delayq.shards import Shards, stored_count, validate_shards
 
 BATCH = 500  # tasks or hash fields per script call
 
@@ -107,7 +107,7 @@ def reshard_plan(
     """Move queue ``name`` to ``shards`` shards (see the module's docstring)."""
     want = validate_shards(shards)
     root = Shards(name, 1, prefix=prefix).home
-    stored, moving = yield from call(mark_op(root, "read"))
+    stored, moving = yield from call(stored_count(root))
     if moving:
         frm, _, to = moving.partition(">")
         if int(to) != want:
@@ -118,7 +118,7 @@ def reshard_plan(
             )
         old_n, resuming = int(frm), True
     else:
-        old_n, resuming = int(stored or 1), False
+        old_n, resuming = stored, False
         if old_n == want:
             return ReshardResult(True, f"queue {name!r} is already split into {want} shard(s)")
     old, new = Shards(name, old_n, prefix=prefix), Shards(name, want, prefix=prefix)
