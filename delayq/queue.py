@@ -222,8 +222,10 @@ class _Base(Generic[C]):
         call, after the shard count check: opened with the wrong count, a task's shard (get,
         cancel, reschedule), the home shard (workers, watched keys) would be the wrong one.
         ``write``: the call writes, which stores the count when none is."""
-        yield from self._check_shards_plan(store=write)
-        return (yield from call(op))
+        if not self.shards.checked:  # (a generator less per call once checked)
+            yield from self._check_shards_plan(store=write)
+        reply: T = yield Call(op)  # the hot path: the step itself, no call() generator
+        return reply
 
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
@@ -250,7 +252,8 @@ class _Base(Generic[C]):
             options.get("replace", False),
             options.get("durable", False),
         )
-        yield from self._check_shards_plan()
+        if not self.shards.checked:
+            yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None
         if wait is None:
             # The hot path: the step itself rather than call() (a generator less per call);
@@ -336,6 +339,8 @@ class _Base(Generic[C]):
 class Queue(_Base[redis.Redis]):
     """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
 
+    _sync_runner: SyncRunner | None = None  # made once per client (see runner)
+
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
 
@@ -347,7 +352,10 @@ class Queue(_Base[redis.Redis]):
     @property
     def runner(self) -> SyncRunner:
         """Runs script calls and plans on this queue's connection (no shard count check)."""
-        return SyncRunner(self.client)
+        runner = self._sync_runner
+        if runner is None or runner.client is not self.client:
+            runner = self._sync_runner = SyncRunner(self.client)
+        return runner
 
     def drive(self, plan: Plan[T]) -> T:
         """Run a plan (``delayq.runner``) on this queue's connection: ``checked`` ones, the
@@ -373,7 +381,7 @@ class Queue(_Base[redis.Redis]):
         its status is then ``running``. With ``durable=True`` it returns only once the
         server's AOF is fsynced (DurabilityError otherwise).
         """
-        return self.drive(self._schedule_plan(kind, payload, options))
+        return self.runner.drive(self._schedule_plan(kind, payload, options))
 
     def schedule_many(
         self,
@@ -384,28 +392,28 @@ class Queue(_Base[redis.Redis]):
     ) -> list[Scheduled]:
         """Schedule many tasks in a few round trips; all are validated before any is sent.
         Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`)."""
-        return self.drive(self._schedule_many_plan(tasks, replace, durable))
+        return self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self.drive(self.checked(self._of(task_id).cancel(task_id)))
+        return self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return self.drive(self.checked(op))
+        return self.runner.drive(self.checked(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self.drive(self.checked(self._of(task_id).get(task_id)))
+        return self.runner.drive(self.checked(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
-        return self.drive(self._stats_plan())
+        return self.runner.drive(self._stats_plan())
 
     def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """A page of the dead set, most recent first."""
-        return self.drive(self._dead_plan(offset, limit))
+        return self.runner.drive(self._dead_plan(offset, limit))
 
     def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
         """A page of the tasks in one state: ``"scheduled"`` (by due time), ``"active"`` (by
@@ -413,11 +421,11 @@ class Queue(_Base[redis.Redis]):
         the page's ``next`` as ``after`` for the following one: every page costs about the
         same however deep it is (on a sharded queue, at most ``limit`` from each shard),
         unlike ``dead(offset=...)``."""
-        return self.drive(self._page_plan(state, limit, after))
+        return self.runner.drive(self._page_plan(state, limit, after))
 
     def schedules(self) -> list[cron_ops.ScheduleInfo]:
         """The periodic schedules stored on this queue (``delayq cron list``), by name."""
-        return self.drive(self._schedules_plan())
+        return self.runner.drive(self._schedules_plan())
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
@@ -427,12 +435,12 @@ class Queue(_Base[redis.Redis]):
         """Run one script call built by delayq's builders (``delayq.expiring``'s ops, say)
         on this queue, after the check that the queue is opened with its stored shard
         count. ``write``: the call writes, and stores the count when none is stored."""
-        return self.drive(self.checked(op, write=write))
+        return self.runner.drive(self.checked(op, write=write))
 
     def replay(self, ids: Iterable[str] | None = None, *, progress: Progress | None = None) -> int:
         """Run dead tasks again (all of them when ``ids`` is None); returns how many.
         ``progress`` hears how many each batch (one script call) replayed."""
-        return self.drive(self._replay_plan(ids, progress))
+        return self.runner.drive(self._replay_plan(ids, progress))
 
     def purge_dead(
         self,
@@ -443,7 +451,7 @@ class Queue(_Base[redis.Redis]):
     ) -> int:
         """Delete dead tasks for good: these ids, or all (that died ``older_than`` ago).
         ``progress`` hears how many each batch deleted."""
-        return self.drive(self._purge_plan(ids, older_than, progress))
+        return self.runner.drive(self._purge_plan(ids, older_than, progress))
 
     def close(self) -> None:
         if self._owns_client:
@@ -459,6 +467,8 @@ class Queue(_Base[redis.Redis]):
 class AsyncQueue(_Base[aredis.Redis]):
     """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
 
+    _async_runner: AsyncRunner | None = None
+
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)
 
@@ -468,7 +478,10 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     @property
     def runner(self) -> AsyncRunner:
-        return AsyncRunner(self.client)
+        runner = self._async_runner
+        if runner is None or runner.client is not self.client:
+            runner = self._async_runner = AsyncRunner(self.client)
+        return runner
 
     async def drive(self, plan: Plan[T]) -> T:
         """Run a plan on this queue's connection (see :meth:`Queue.drive`)."""
@@ -486,7 +499,7 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> Scheduled:
-        return await self.drive(self._schedule_plan(kind, payload, options))
+        return await self.runner.drive(self._schedule_plan(kind, payload, options))
 
     async def schedule_many(
         self,
@@ -495,31 +508,31 @@ class AsyncQueue(_Base[aredis.Redis]):
         replace: bool = False,
         durable: bool = False,
     ) -> list[Scheduled]:
-        return await self.drive(self._schedule_many_plan(tasks, replace, durable))
+        return await self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self.drive(self.checked(self._of(task_id).cancel(task_id)))
+        return await self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return await self.drive(self.checked(op))
+        return await self.runner.drive(self.checked(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self.drive(self.checked(self._of(task_id).get(task_id)))
+        return await self.runner.drive(self.checked(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
-        return await self.drive(self._stats_plan())
+        return await self.runner.drive(self._stats_plan())
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
-        return await self.drive(self._dead_plan(offset, limit))
+        return await self.runner.drive(self._dead_plan(offset, limit))
 
     async def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
-        return await self.drive(self._page_plan(state, limit, after))
+        return await self.runner.drive(self._page_plan(state, limit, after))
 
     async def schedules(self) -> list[cron_ops.ScheduleInfo]:
-        return await self.drive(self._schedules_plan())
+        return await self.runner.drive(self._schedules_plan())
 
     async def workers(self) -> list[WorkerInfo]:
         return await self.execute(self.core.workers())
@@ -527,12 +540,12 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call on this queue after the shard count check (see
         :meth:`Queue.execute`)."""
-        return await self.drive(self.checked(op, write=write))
+        return await self.runner.drive(self.checked(op, write=write))
 
     async def replay(
         self, ids: Iterable[str] | None = None, *, progress: Progress | None = None
     ) -> int:
-        return await self.drive(self._replay_plan(ids, progress))
+        return await self.runner.drive(self._replay_plan(ids, progress))
 
     async def purge_dead(
         self,
@@ -541,7 +554,7 @@ class AsyncQueue(_Base[aredis.Redis]):
         older_than: Duration | None = None,
         progress: Progress | None = None,
     ) -> int:
-        return await self.drive(self._purge_plan(ids, older_than, progress))
+        return await self.runner.drive(self._purge_plan(ids, older_than, progress))
 
     async def close(self) -> None:
         if self._owns_client:

@@ -223,29 +223,22 @@ def on_nodes(sends: Sequence[tuple[Any, list[tuple[Any, ...]]]]) -> Plan[list[An
     return replies
 
 
-@dataclass(frozen=True, slots=True)
-class Done(Generic[T]):
-    """A plan's return value."""
-
-    value: T
-
-
 _CAUGHT = (*_REDIS_ERRORS, ConnectionFailed, ScriptError)
 
 
 def advance(
-    plan: Plan[T], client: Any, reply: Any = None, error: Exception | None = None
-) -> Step | Done[T]:
+    plan: Plan[Any], client: Any, reply: Any = None, error: Exception | None = None
+) -> Step | StopIteration:
     """The plan's next step, given what the last one replied, or the error it met (a Redis
-    error thrown in as a delayq error, see ``_thrown``); Done once the plan returns. Start a
-    plan with ``advance(plan, client)``. An error reply the plan raises leaves as a delayq
-    error (``translate``)."""
+    error thrown in as a delayq error, see ``_thrown``); once the plan returns, the
+    StopIteration that carries its ``value``. Start a plan with ``advance(plan, client)``.
+    An error reply the plan raises leaves as a delayq error (``translate``)."""
     try:
         if error is not None:
             return plan.throw(_thrown(error, client))
         return plan.send(reply)
     except StopIteration as done:
-        return Done(done.value)
+        return done  # no object of our own per call: the hot path is one Call
     except _REDIS_ERRORS as e:
         raise translate(e, client) from None
 
@@ -422,14 +415,14 @@ class SyncRunner:
 
     def drive(self, plan: Plan[T]) -> T:
         step = advance(plan, self.client)
-        while not isinstance(step, Done):
+        while not isinstance(step, StopIteration):
             try:
                 reply = self.execute(step)
             except _CAUGHT as e:
                 step = advance(plan, self.client, error=e)
             else:
                 step = advance(plan, self.client, reply)
-        return step.value
+        return step.value  # type: ignore[no-any-return]
 
     def execute(self, step: Step) -> Any:
         """One step of a plan, done: its reply (or a Redis error raised)."""
@@ -500,14 +493,14 @@ class AsyncRunner:
 
     async def drive(self, plan: Plan[T]) -> T:
         step = advance(plan, self.client)
-        while not isinstance(step, Done):
+        while not isinstance(step, StopIteration):
             try:
                 reply = await self.execute(step)
             except _CAUGHT as e:
                 step = advance(plan, self.client, error=e)
             else:
                 step = advance(plan, self.client, reply)
-        return step.value
+        return step.value  # type: ignore[no-any-return]
 
     async def execute(self, step: Step) -> Any:
         """One step of a plan, done: its reply (or a Redis error raised)."""
