@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import Any, Generic, TypeVar, Unpack
+from typing import Any, Generic, Literal, TypeVar, Unpack
 
 import redis
 import redis.asyncio as aredis
@@ -31,11 +31,20 @@ from delayq.core import (
     new_task_ids,
     validate_task_id,
 )
+from delayq.cron import ops as cron_ops
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.expiring.facade import AsyncExpiring, Expiring
 from delayq.keys import DEFAULT_PREFIX
-from delayq.runner import AsyncRunner, Durable, Plan, SyncRunner, batch_plan
-from delayq.shards import Shards, add_stats, decode_cursor, merge_dead, merge_page
+from delayq.runner import AsyncRunner, Call, Durable, Plan, SyncRunner, batch_plan, call
+from delayq.shards import (
+    STORED,
+    Shards,
+    add_stats,
+    decode_cursor,
+    merge_dead,
+    merge_page,
+    stored_count,
+)
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import Duration, seconds
 
@@ -79,7 +88,7 @@ Progress = Callable[[int], None]  # hears how many tasks each batch handled
 def _each(ops: list[Op[int]], progress: Progress | None) -> Plan[int]:
     total = 0
     for op in ops:
-        n: int = yield ("run", op)
+        n = yield from call(op)
         total += n
         if progress:
             progress(n)
@@ -90,7 +99,7 @@ def _until_none(batches: Sequence[Callable[[], Op[int]]], progress: Progress | N
     """Run each shard's next batch until it handles nothing more."""
     total = 0
     for make in batches:
-        while n := (yield ("run", make())):
+        while n := (yield from call(make())):
             total += n
             if progress:
                 progress(n)
@@ -121,6 +130,8 @@ class _Base(Generic[C]):
             it (WAITAOF; on servers without WAITAOF, WAIT for their acknowledgement).
         shards: split the queue over this many hash tags (Redis Cluster spreads them over
             its primaries); every process must open the queue with the same number.
+            ``"stored"`` (``Queue`` only): the number the queue stored (1 if none), read when
+            the queue is opened, for tools that open a queue someone else split.
     """
 
     def __init__(
@@ -134,7 +145,7 @@ class _Base(Generic[C]):
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
         durable_timeout: Duration | None = None,
-        shards: int = 1,
+        shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
     ) -> None:
         if isinstance(durable_replicas, bool) or not isinstance(durable_replicas, int):
@@ -147,20 +158,31 @@ class _Base(Generic[C]):
             durable_timeout = 3.0 if durable_replicas else 1.0
         self.durable_ms = max(1, round(seconds(durable_timeout, "durable_timeout") * 1000))
         self.durable = Durable(self.durable_ms, durable_replicas)
-        self.shards = Shards(
-            name,
-            shards,
-            prefix=prefix,
-            codec=codec,
-            max_payload=max_payload,
-            dedupe_window=dedupe_window,
+        options: dict[str, Any] = dict(
+            prefix=prefix, codec=codec, max_payload=max_payload, dedupe_window=dedupe_window
         )
+        self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home
         self.url = resolve_url(url)
         if client is not None:
             check_client(client)
         self._owns_client = client is None
         self.client: C = client if client is not None else self._new_client(self.url)
+        if shards == STORED:
+            try:
+                n = self._read_stored(stored_count(self.shards.root)).n
+            except BaseException:
+                self._drop_client()
+                raise
+            if n != 1:
+                self.shards = Shards(name, n, **options)
+                self.core = self.shards.home
+
+    def _read_stored(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    def _drop_client(self) -> None:
+        raise NotImplementedError
 
     def _new_client(self, url: str) -> C:
         raise NotImplementedError
@@ -193,14 +215,16 @@ class _Base(Generic[C]):
         """Once per queue object, before its first write or read of a task: refuse a
         different shard count (a read stores none; see Shards.verify)."""
         if not self.shards.checked:
-            self.shards.verify((yield ("run", self.shards.check_op(store=store))))
+            self.shards.verify((yield from call(self.shards.check_op(store=store))))
 
-    def _checked_plan(self, op: Op[T], store: bool = False) -> Plan[T]:
-        """One call, after the shard count check: opened with the wrong count, a task's
-        shard (get, cancel, reschedule), the home shard (workers, watched keys) would be the
-        wrong one. ``store``: a write, which stores the count when none is."""
-        yield from self._check_shards_plan(store=store)
-        reply: T = yield ("run", op)
+    def checked(self, op: Op[T], *, write: bool = False) -> Plan[T]:
+        """The plan of :meth:`execute`, to compose plans with (run them with ``drive``): one
+        call, after the shard count check: opened with the wrong count, a task's shard (get,
+        cancel, reschedule), the home shard (workers, watched keys) would be the wrong one.
+        ``write``: the call writes, which stores the count when none is."""
+        if not self.shards.checked:  # (a generator less per call once checked)
+            yield from self._check_shards_plan(store=write)
+        reply: T = yield Call(op)  # the hot path: the step itself, no call() generator
         return reply
 
     def _schedule_many_plan(
@@ -228,13 +252,20 @@ class _Base(Generic[C]):
             options.get("replace", False),
             options.get("durable", False),
         )
-        yield from self._check_shards_plan()
+        if not self.shards.checked:
+            yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None
         if wait is None:
-            reply: list[Scheduled] = yield ("run", ops[0])
+            # The hot path: the step itself rather than call() (a generator less per call);
+            # its parser gives Scheduled ids (typed list[str] by the builder).
+            reply: list[Scheduled] = yield Call(ops[0])
         else:
             (reply,) = yield from batch_plan(ops, wait)
         return reply[0]
+
+    def _schedules_plan(self) -> Plan[list[cron_ops.ScheduleInfo]]:
+        state = yield from self.checked(cron_ops.read(self.core))
+        return cron_ops.schedules(state)
 
     def _of(self, task_id: str) -> QueueCore:
         return self.shards.of(validate_task_id(task_id))
@@ -242,16 +273,14 @@ class _Base(Generic[C]):
     def _stats_plan(self) -> Plan[QueueStats]:
         yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
-            stats: QueueStats = yield ("run", self.core.stats())
-            return stats
+            return (yield from call(self.core.stats()))
         parts = yield from batch_plan([c.stats() for c in self.shards.cores])
         return add_stats(parts)
 
     def _dead_plan(self, offset: int, limit: int) -> Plan[list[TaskInfo]]:
         yield from self._check_shards_plan(store=False)
         if self.shards.n == 1:
-            page: list[TaskInfo] = yield ("run", self.core.dead(offset, limit))
-            return page
+            return (yield from call(self.core.dead(offset, limit)))
         check_page(offset, limit, MAX_DEAD_PAGE)
         parts = yield from batch_plan([c.dead(0, offset + limit) for c in self.shards.cores])
         return merge_dead(parts, offset, limit)
@@ -296,7 +325,7 @@ class _Base(Generic[C]):
             return (yield from _each(ops, progress))
         before = None
         if older_than is not None:
-            stats: QueueStats = yield ("run", self.core.stats())
+            stats = yield from call(self.core.stats())
             before = int(stats.now.timestamp() * 1000 - seconds(older_than, "older_than") * 1000)
         purges = [
             functools.partial(c.purge_dead, None, before_ms=before) for c in self.shards.cores
@@ -310,6 +339,8 @@ class _Base(Generic[C]):
 class Queue(_Base[redis.Redis]):
     """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
 
+    _sync_runner: SyncRunner | None = None  # made once per client (see runner)
+
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
 
@@ -319,8 +350,23 @@ class Queue(_Base[redis.Redis]):
         return Expiring(self)
 
     @property
-    def _runner(self) -> SyncRunner:
-        return SyncRunner(self.client)
+    def runner(self) -> SyncRunner:
+        """Runs script calls and plans on this queue's connection (no shard count check)."""
+        runner = self._sync_runner
+        if runner is None or runner.client is not self.client:
+            runner = self._sync_runner = SyncRunner(self.client)
+        return runner
+
+    def drive(self, plan: Plan[T]) -> T:
+        """Run a plan (``delayq.runner``) on this queue's connection: ``checked`` ones, the
+        expiring keys' or an admin's."""
+        return self.runner.drive(plan)
+
+    def _read_stored(self, op: Op[T]) -> T:
+        return self.runner.run(op)
+
+    def _drop_client(self) -> None:
+        self.close()
 
     def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
@@ -335,7 +381,7 @@ class Queue(_Base[redis.Redis]):
         its status is then ``running``. With ``durable=True`` it returns only once the
         server's AOF is fsynced (DurabilityError otherwise).
         """
-        return self._runner.drive(self._schedule_plan(kind, payload, options))
+        return self.runner.drive(self._schedule_plan(kind, payload, options))
 
     def schedule_many(
         self,
@@ -346,28 +392,28 @@ class Queue(_Base[redis.Redis]):
     ) -> list[Scheduled]:
         """Schedule many tasks in a few round trips; all are validated before any is sent.
         Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`)."""
-        return self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
+        return self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self._runner.drive(self._checked_plan(self._of(task_id).cancel(task_id)))
+        return self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return self._runner.drive(self._checked_plan(op))
+        return self.runner.drive(self.checked(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self._runner.drive(self._checked_plan(self._of(task_id).get(task_id)))
+        return self.runner.drive(self.checked(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
-        return self._runner.drive(self._stats_plan())
+        return self.runner.drive(self._stats_plan())
 
     def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
         """A page of the dead set, most recent first."""
-        return self._runner.drive(self._dead_plan(offset, limit))
+        return self.runner.drive(self._dead_plan(offset, limit))
 
     def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
         """A page of the tasks in one state: ``"scheduled"`` (by due time), ``"active"`` (by
@@ -375,7 +421,11 @@ class Queue(_Base[redis.Redis]):
         the page's ``next`` as ``after`` for the following one: every page costs about the
         same however deep it is (on a sharded queue, at most ``limit`` from each shard),
         unlike ``dead(offset=...)``."""
-        return self._runner.drive(self._page_plan(state, limit, after))
+        return self.runner.drive(self._page_plan(state, limit, after))
+
+    def schedules(self) -> list[cron_ops.ScheduleInfo]:
+        """The periodic schedules stored on this queue (``delayq cron list``), by name."""
+        return self.runner.drive(self._schedules_plan())
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
@@ -385,12 +435,12 @@ class Queue(_Base[redis.Redis]):
         """Run one script call built by delayq's builders (``delayq.expiring``'s ops, say)
         on this queue, after the check that the queue is opened with its stored shard
         count. ``write``: the call writes, and stores the count when none is stored."""
-        return self._runner.drive(self._checked_plan(op, store=write))
+        return self.runner.drive(self.checked(op, write=write))
 
     def replay(self, ids: Iterable[str] | None = None, *, progress: Progress | None = None) -> int:
         """Run dead tasks again (all of them when ``ids`` is None); returns how many.
         ``progress`` hears how many each batch (one script call) replayed."""
-        return self._runner.drive(self._replay_plan(ids, progress))
+        return self.runner.drive(self._replay_plan(ids, progress))
 
     def purge_dead(
         self,
@@ -401,7 +451,7 @@ class Queue(_Base[redis.Redis]):
     ) -> int:
         """Delete dead tasks for good: these ids, or all (that died ``older_than`` ago).
         ``progress`` hears how many each batch deleted."""
-        return self._runner.drive(self._purge_plan(ids, older_than, progress))
+        return self.runner.drive(self._purge_plan(ids, older_than, progress))
 
     def close(self) -> None:
         if self._owns_client:
@@ -417,6 +467,8 @@ class Queue(_Base[redis.Redis]):
 class AsyncQueue(_Base[aredis.Redis]):
     """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
 
+    _async_runner: AsyncRunner | None = None
+
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)
 
@@ -425,13 +477,29 @@ class AsyncQueue(_Base[aredis.Redis]):
         return AsyncExpiring(self)
 
     @property
-    def _runner(self) -> AsyncRunner:
-        return AsyncRunner(self.client)
+    def runner(self) -> AsyncRunner:
+        runner = self._async_runner
+        if runner is None or runner.client is not self.client:
+            runner = self._async_runner = AsyncRunner(self.client)
+        return runner
+
+    async def drive(self, plan: Plan[T]) -> T:
+        """Run a plan on this queue's connection (see :meth:`Queue.drive`)."""
+        return await self.runner.drive(plan)
+
+    def _read_stored(self, op: Op[T]) -> T:
+        raise ConfigurationError(
+            'shards="stored" reads the count as the queue is opened, which an AsyncQueue '
+            'cannot do: pass the number (Queue(name, shards="stored").shards.n tells it)'
+        )
+
+    def _drop_client(self) -> None:
+        pass  # not connected yet: an asyncio client connects on its first command
 
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> Scheduled:
-        return await self._runner.drive(self._schedule_plan(kind, payload, options))
+        return await self.runner.drive(self._schedule_plan(kind, payload, options))
 
     async def schedule_many(
         self,
@@ -440,28 +508,31 @@ class AsyncQueue(_Base[aredis.Redis]):
         replace: bool = False,
         durable: bool = False,
     ) -> list[Scheduled]:
-        return await self._runner.drive(self._schedule_many_plan(tasks, replace, durable))
+        return await self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self._runner.drive(self._checked_plan(self._of(task_id).cancel(task_id)))
+        return await self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return await self._runner.drive(self._checked_plan(op))
+        return await self.runner.drive(self.checked(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self._runner.drive(self._checked_plan(self._of(task_id).get(task_id)))
+        return await self.runner.drive(self.checked(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
-        return await self._runner.drive(self._stats_plan())
+        return await self.runner.drive(self._stats_plan())
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
-        return await self._runner.drive(self._dead_plan(offset, limit))
+        return await self.runner.drive(self._dead_plan(offset, limit))
 
     async def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
-        return await self._runner.drive(self._page_plan(state, limit, after))
+        return await self.runner.drive(self._page_plan(state, limit, after))
+
+    async def schedules(self) -> list[cron_ops.ScheduleInfo]:
+        return await self.runner.drive(self._schedules_plan())
 
     async def workers(self) -> list[WorkerInfo]:
         return await self.execute(self.core.workers())
@@ -469,12 +540,12 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call on this queue after the shard count check (see
         :meth:`Queue.execute`)."""
-        return await self._runner.drive(self._checked_plan(op, store=write))
+        return await self.runner.drive(self.checked(op, write=write))
 
     async def replay(
         self, ids: Iterable[str] | None = None, *, progress: Progress | None = None
     ) -> int:
-        return await self._runner.drive(self._replay_plan(ids, progress))
+        return await self.runner.drive(self._replay_plan(ids, progress))
 
     async def purge_dead(
         self,
@@ -483,7 +554,7 @@ class AsyncQueue(_Base[aredis.Redis]):
         older_than: Duration | None = None,
         progress: Progress | None = None,
     ) -> int:
-        return await self._runner.drive(self._purge_plan(ids, older_than, progress))
+        return await self.runner.drive(self._purge_plan(ids, older_than, progress))
 
     async def close(self) -> None:
         if self._owns_client:

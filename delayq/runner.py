@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio as aredis
@@ -140,15 +140,107 @@ def _check_wait(reply: Any, durable: Durable) -> None:
         )
 
 
-# Multi-step operations are written once, as plans: generators that yield what to do next
-# and receive the result. Both runners drive them; only the waiting differs.
-#   ("run", op)                one script call, its parsed reply
-#   ("trip", ops, durable)     one round trip of EVALSHAs (+ WAITAOF when durable): raw
-#                              replies, then (when durable) a list of each connection's
-#                              WAITAOF/WAIT replies
-#   ("load", ops)              load the scripts (after NOSCRIPT)
-Step = tuple[Any, ...]
+# -- plans --------------------------------------------------------------------------------------
+# Multi-step operations are written once, as plans: generators that yield a step (what to do
+# next) and receive its result. Every runner drives them with `advance`; they differ only in
+# how a step is executed. Plans use the helpers below, typed by what they return:
+# ``n = yield from call(op)``.
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One script call: its parsed reply (a NOSCRIPT is reloaded and redone by the runner)."""
+
+    op: Op[T]
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """One round trip of EVALSHAs (+ WAITAOF/WAIT when ``durable``): the raw replies, errors
+    in place, then (when durable) a list of each connection's WAITAOF/WAIT replies."""
+
+    ops: Sequence[Op[Any]]
+    durable: Durable | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load the ops' scripts (after NOSCRIPT): None."""
+
+    ops: Sequence[Op[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One plain Redis command (``("SET", key, value)``): its reply."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """A cluster round trip's pause, then a fresh slot map: None."""
+
+    pause: float
+
+
+@dataclass(frozen=True, slots=True)
+class Nodes:
+    """Commands for each cluster node, each node's on one connection of its own: each node's
+    replies (errors in place), or the connection error it met."""
+
+    sends: Sequence[tuple[Any, list[tuple[Any, ...]]]]
+
+
+Step = Call[Any] | Trip | Load | Command | Refresh | Nodes
 Plan = Generator[Step, Any, T]
+
+
+def call(op: Op[T]) -> Plan[T]:
+    reply: T = yield Call(op)
+    return reply
+
+
+def trip(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[list[Any]]:
+    replies: list[Any] = yield Trip(ops, durable)
+    return replies
+
+
+def load(ops: Sequence[Op[Any]]) -> Plan[None]:
+    yield Load(ops)
+
+
+def command(*args: Any) -> Plan[Any]:
+    return (yield Command(args))
+
+
+def refresh(pause: float) -> Plan[None]:
+    yield Refresh(pause)
+
+
+def on_nodes(sends: Sequence[tuple[Any, list[tuple[Any, ...]]]]) -> Plan[list[Any]]:
+    replies: list[Any] = yield Nodes(sends)
+    return replies
+
+
+_CAUGHT = (*_REDIS_ERRORS, ConnectionFailed, ScriptError)
+
+
+def advance(
+    plan: Plan[Any], client: Any, reply: Any = None, error: Exception | None = None
+) -> Step | StopIteration:
+    """The plan's next step, given what the last one replied, or the error it met (a Redis
+    error thrown in as a delayq error, see ``_thrown``); once the plan returns, the
+    StopIteration that carries its ``value``. Start a plan with ``advance(plan, client)``.
+    An error reply the plan raises leaves as a delayq error (``translate``)."""
+    try:
+        if error is not None:
+            return plan.throw(_thrown(error, client))
+        return plan.send(reply)
+    except StopIteration as done:
+        return done  # no object of our own per call: the hot path is one Call
+    except _REDIS_ERRORS as e:
+        raise translate(e, client) from None
 
 
 def batch_plan(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[list[Any]]:
@@ -156,13 +248,13 @@ def batch_plan(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[l
     ``durable``: end the round trip with WAITAOF on the same connection, so it returns
     only once the write is fsynced (DurabilityError otherwise)."""
     n = len(ops)
-    replies: list[Any] = yield ("trip", ops, durable)
+    replies = yield from trip(ops, durable)
     waits: list[Any] = replies[n] if durable is not None else []
     missed = [i for i, r in enumerate(replies[:n]) if isinstance(r, NoScriptError)]
     if missed:
         # The server forgot its scripts (restart, failover): load them and redo the misses.
-        yield ("load", ops)
-        redo: list[Any] = yield ("trip", [ops[i] for i in missed], durable)
+        yield from load(ops)
+        redo = yield from trip([ops[i] for i in missed], durable)
         for j, i in enumerate(missed):
             replies[i] = redo[j]
         if durable is not None:
@@ -180,13 +272,13 @@ def _pipeline(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> A
     pipe = client.pipeline(transaction=False)
     for op in ops:
         pipe.evalsha(*_argv(op))
-    for command in durable.commands() if durable is not None else []:
-        pipe.execute_command(*command)
+    for waits in durable.commands() if durable is not None else []:
+        pipe.execute_command(*waits)
     return pipe
 
 
 def _with_waits(replies: list[Any], n: int, durable: Durable | None) -> list[Any]:
-    """A plain round trip's replies in the trip-step form: the waits as one connection's."""
+    """A plain round trip's replies in the Trip step's form: the waits as one connection's."""
     if durable is None:
         return replies
     return [*replies[:n], [replies[n:]]]
@@ -215,15 +307,14 @@ def _by_primary(client: Any, ops: Sequence[Op[Any]], todo: list[int]) -> dict[An
     return by
 
 
-def _cluster_trip(
+def cluster_trip_plan(
     client: Any, ops: Sequence[Op[Any]], durable: Durable | None
-) -> Generator[tuple[Any, ...], Any, list[Any]]:
-    """A round trip on a Redis Cluster (whose pipelines refuse EVALSHA): each primary gets
-    its calls, and WAITAOF when durable, on one connection of its own — WAITAOF counts the
+) -> Plan[list[Any]]:
+    """A Trip on a Redis Cluster (whose pipelines refuse EVALSHA): each primary gets its
+    calls, and WAITAOF when durable, on one connection of its own — WAITAOF counts the
     writes of its own connection. Calls a node did not run (moved, failing over) are sent
-    again once the slot map is fresh. Written once, as a plan of two steps each runner
-    drives: ("refresh", pause) and ("nodes", [(node, commands)]) -> each node's replies, or
-    the connection error it met."""
+    again once the slot map is fresh (Refresh). Replies in the Trip step's form, the waits
+    one list per connection. ``client``: for ``get_node_from_key``."""
     replies: list[Any] = [_UNSENT] * len(ops)
     waits: list[Any] = []
     for attempt in range(CLUSTER_TRIP_ATTEMPTS):
@@ -231,9 +322,11 @@ def _cluster_trip(
         if not todo:
             break
         if attempt:
-            yield ("refresh", min(0.05 * 2**attempt, 1.0))
+            yield from refresh(min(0.05 * 2**attempt, 1.0))
         groups = list(_by_primary(client, ops, todo).items())
-        results = yield ("nodes", [(node, _commands(ops, idx, durable)) for node, idx in groups])
+        results = yield from on_nodes(
+            [(node, _commands(ops, idx, durable)) for node, idx in groups]
+        )
         for (_node, idx), got in zip(groups, results, strict=True):
             if isinstance(got, RedisConnectionError | RedisTimeoutError | OSError):
                 continue  # left unsent: retried against the new map
@@ -247,46 +340,19 @@ def _cluster_trip(
 
 
 def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
-    trip = _cluster_trip(client, ops, durable)
-    try:
-        step = next(trip)
-        while True:
-            if step[0] == "refresh":
-                time.sleep(step[1])
-                client.nodes_manager.initialize()
-                step = trip.send(None)
-            else:  # the primaries one after another
-                step = trip.send([_on_node(node, commands) for node, commands in step[1]])
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    return SyncRunner(client).drive(cluster_trip_plan(client, ops, durable))
 
 
 async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
-    trip = _cluster_trip(client, ops, durable)
-    try:
-        step = next(trip)
-        while True:
-            if step[0] == "refresh":
-                await asyncio.sleep(step[1])
-                await client.nodes_manager.initialize()
-                step = trip.send(None)
-            else:  # the primaries are independent: all of them at once
-                step = trip.send(
-                    await asyncio.gather(
-                        *(_one_connection(node, commands) for node, commands in step[1]),
-                        return_exceptions=True,
-                    )
-                )
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    return await AsyncRunner(client).drive(cluster_trip_plan(client, ops, durable))
 
 
 def _on_node(node: Any, commands: list[tuple[Any, ...]]) -> Any:
     """Commands in one pipeline on the node's own client: replies (errors in place), or the
     connection error met."""
     pipe = node.redis_connection.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
+    for args in commands:
+        pipe.execute_command(*args)
     try:
         return list(pipe.execute(False))
     except (RedisConnectionError, RedisTimeoutError) as e:
@@ -326,6 +392,9 @@ def _unsent_error(reply: Any) -> Any:
     return reply
 
 
+# -- the runners: how each step is executed ---------------------------------------------------
+
+
 class SyncRunner:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -345,31 +414,37 @@ class SyncRunner:
         return self.drive(batch_plan(ops, durable))
 
     def drive(self, plan: Plan[T]) -> T:
-        try:
-            step = next(plan)
-            while True:
-                try:
-                    reply = self._do(step)
-                except (*_REDIS_ERRORS, ConnectionFailed, ScriptError) as e:
-                    step = plan.throw(_thrown(e, self.client))
-                else:
-                    step = plan.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        except _REDIS_ERRORS as e:
-            raise translate(e, self.client) from None  # an error reply the plan re-raised
+        step = advance(plan, self.client)
+        while not isinstance(step, StopIteration):
+            try:
+                reply = self.execute(step)
+            except _CAUGHT as e:
+                step = advance(plan, self.client, error=e)
+            else:
+                step = advance(plan, self.client, reply)
+        return step.value  # type: ignore[no-any-return]
 
-    def _do(self, step: Step) -> Any:
-        if step[0] == "run":
-            return self.run(step[1])
-        if step[0] == "load":
-            for op in step[1]:
+    def execute(self, step: Step) -> Any:
+        """One step of a plan, done: its reply (or a Redis error raised)."""
+        if isinstance(step, Call):
+            return self.run(step.op)
+        if isinstance(step, Trip):
+            if is_cluster(self.client):
+                return self.drive(cluster_trip_plan(self.client, step.ops, step.durable))
+            replies = list(_pipeline(self.client, step.ops, step.durable).execute(False))
+            return _with_waits(replies, len(step.ops), step.durable)
+        if isinstance(step, Command):
+            return self.client.execute_command(*step.args)  # type: ignore[no-untyped-call]
+        if isinstance(step, Load):
+            for op in step.ops:
                 self.client.script_load(op.script.source)
             return None
-        if is_cluster(self.client):
-            return cluster_trip(self.client, step[1], step[2])
-        replies = list(_pipeline(self.client, step[1], step[2]).execute(False))
-        return _with_waits(replies, len(step[1]), step[2])
+        if isinstance(step, Refresh):
+            time.sleep(step.pause)
+            self.client.nodes_manager.initialize()  # type: ignore[attr-defined]
+            return None
+        # Nodes: the primaries one after another
+        return [_on_node(node, commands) for node, commands in step.sends]
 
 
 class AsyncRunner:
@@ -417,28 +492,37 @@ class AsyncRunner:
             raise translate(e, self.client) from None
 
     async def drive(self, plan: Plan[T]) -> T:
-        try:
-            step = next(plan)
-            while True:
-                try:
-                    reply = await self._do(step)
-                except (*_REDIS_ERRORS, ConnectionFailed, ScriptError) as e:
-                    step = plan.throw(_thrown(e, self.client))
-                else:
-                    step = plan.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        except _REDIS_ERRORS as e:
-            raise translate(e, self.client) from None  # an error reply the plan re-raised
+        step = advance(plan, self.client)
+        while not isinstance(step, StopIteration):
+            try:
+                reply = await self.execute(step)
+            except _CAUGHT as e:
+                step = advance(plan, self.client, error=e)
+            else:
+                step = advance(plan, self.client, reply)
+        return step.value  # type: ignore[no-any-return]
 
-    async def _do(self, step: Step) -> Any:
-        if step[0] == "run":
-            return await self.run(step[1])
-        if step[0] == "load":
-            for op in step[1]:
+    async def execute(self, step: Step) -> Any:
+        """One step of a plan, done: its reply (or a Redis error raised)."""
+        if isinstance(step, Call):
+            return await self.run(step.op)
+        if isinstance(step, Trip):
+            if is_cluster(self.client):
+                return await self.drive(cluster_trip_plan(self.client, step.ops, step.durable))
+            replies = list(await _pipeline(self.client, step.ops, step.durable).execute(False))
+            return _with_waits(replies, len(step.ops), step.durable)
+        if isinstance(step, Command):
+            return await self.client.execute_command(*step.args)  # type: ignore[no-untyped-call]
+        if isinstance(step, Load):
+            for op in step.ops:
                 await self.client.script_load(op.script.source)
             return None
-        if is_cluster(self.client):
-            return await acluster_trip(self.client, step[1], step[2])
-        replies = list(await _pipeline(self.client, step[1], step[2]).execute(False))
-        return _with_waits(replies, len(step[1]), step[2])
+        if isinstance(step, Refresh):
+            await asyncio.sleep(step.pause)
+            await self.client.nodes_manager.initialize()  # type: ignore[attr-defined]
+            return None
+        # Nodes: the primaries are independent, all of them at once
+        return await asyncio.gather(
+            *(_one_connection(node, commands) for node, commands in step.sends),
+            return_exceptions=True,
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from delayq.core import Op, QueueCore, SeekRow, validate_task_id
 from delayq.errors import ConfigurationError, InvalidTaskError
@@ -19,6 +19,34 @@ from delayq.keys import MAX_SHARDS, shard_of
 from delayq.task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")
+
+
+STORED: Literal["stored"] = "stored"  # shards=STORED: the count the queue stored
+
+
+class StoredCount(NamedTuple):
+    """A queue's shard count as stored, 1 when none is (a queue no process stored a count
+    for is an unsplit queue), and the move under way (``"<from>><to>"``, or ``""``): while
+    ``delayq reshard`` moves it, ``n`` is still the count it moves from."""
+
+    n: int
+    moving: str
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stored_count(root: QueueCore) -> Op[StoredCount]:
+    """Read the stored shard count (``reshard_mark.lua``'s read, on the unsplit queue's core:
+    ``Shards.root``). The one lookup of it: ``Queue(shards="stored")``, ``Admin`` and
+    ``delayq reshard`` use it."""
+
+    def parse(r: Any) -> StoredCount:
+        n = _text(r[0])
+        return StoredCount(int(n) if n else 1, _text(r[1]))
+
+    return root.op("reshard_mark", {"action": "read", "move": "", "count": ""}, [], parse)
 
 
 def validate_shards(shards: Any) -> int:

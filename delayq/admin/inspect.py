@@ -24,7 +24,7 @@ from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from delayq.queue import Queue
 from delayq.runner import SyncRunner, translate
 from delayq.scripts import SCRIPTS
-from delayq.shards import add_stats
+from delayq.shards import Shards, add_stats, stored_count
 from delayq.task import QueueStats, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import ms_to_datetime
 
@@ -211,7 +211,7 @@ class Admin:
                 url=self.url,
                 client=self.client,
                 prefix=self.prefix,
-                shards=self.shard_count(name),
+                shards="stored",
             )
         return q
 
@@ -223,11 +223,7 @@ class Admin:
     def shard_count(self, name: str) -> int:
         """How many shards the queue is split into, as its first user stored it (1 if none
         did): an inspector reads every shard without being told."""
-        try:
-            stored = self.client.hget(QueueKeys(validate_queue_name(name), self.prefix).shards, "n")
-        except (RedisConnectionError, RedisTimeoutError) as e:
-            raise translate(e, self.client) from None
-        return int(stored) if stored else 1
+        return self.runner.run(stored_count(Shards(name, 1, prefix=self.prefix).root)).n
 
     # -- which queues ---------------------------------------------------------------------------
 

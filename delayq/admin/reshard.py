@@ -28,9 +28,9 @@ from typing import Any
 
 from delayq.core import Op, QueueCore, SeekRow
 from delayq.keys import DEFAULT_PREFIX, HOME_ID_PREFIXES
-from delayq.runner import Plan, batch_plan
+from delayq.runner import Plan, batch_plan, call
 from delayq.scripts import Arg
-from delayq.shards import Shards, validate_shards
+from delayq.shards import Shards, stored_count, validate_shards
 
 BATCH = 500  # tasks or hash fields per script call
 
@@ -107,7 +107,7 @@ def reshard_plan(
     """Move queue ``name`` to ``shards`` shards (see the module's docstring)."""
     want = validate_shards(shards)
     root = Shards(name, 1, prefix=prefix).home
-    stored, moving = yield ("run", mark_op(root, "read"))
+    stored, moving = yield from call(stored_count(root))
     if moving:
         frm, _, to = moving.partition(">")
         if int(to) != want:
@@ -118,7 +118,7 @@ def reshard_plan(
             )
         old_n, resuming = int(frm), True
     else:
-        old_n, resuming = int(stored or 1), False
+        old_n, resuming = stored, False
         if old_n == want:
             return ReshardResult(True, f"queue {name!r} is already split into {want} shard(s)")
     old, new = Shards(name, old_n, prefix=prefix), Shards(name, want, prefix=prefix)
@@ -127,7 +127,7 @@ def reshard_plan(
         left = yield from _left(old, batch)
         if left:
             return _refused(name, old_n, want, left)
-        if not (yield ("run", mark_op(root, "begin", move, old_n))):
+        if not (yield from call(mark_op(root, "begin", move, old_n))):
             return ReshardResult(
                 False, f"queue {name!r}: its shard count changed meanwhile; try again"
             )
@@ -136,10 +136,10 @@ def reshard_plan(
     left = yield from _left(old, batch)
     if left:
         if not resuming:
-            yield ("run", mark_op(root, "abort", move))
+            yield from call(mark_op(root, "abort", move))
         return _refused(name, old_n, want, left)
     done, waiting, fields = yield from _carry(old, new, batch)
-    yield ("run", mark_op(root, "end", move, want))
+    yield from call(mark_op(root, "end", move, want))
     return ReshardResult(
         True,
         f"queue {name!r} is split into {want} shard(s) (was {old_n}): moved {done} finished "
@@ -202,7 +202,7 @@ def _only_home_tasks(home: QueueCore, batch: int) -> Plan[bool]:
     watched keys' tasks, which move with it); stops at the first that has not."""
     after: tuple[str, str] | None = None
     while True:
-        rows: list[SeekRow] = yield ("run", home.seek("scheduled", after, batch))
+        rows = yield from call(home.seek("scheduled", after, batch))
         if any(not row.id.startswith(HOME_ID_PREFIXES) for row in rows):
             return False
         if len(rows) < batch:
@@ -217,7 +217,7 @@ def _move_tasks(src: QueueCore, new: Shards, state: str, batch: int) -> Plan[int
     moved = 0
     after: tuple[str, str] | None = None
     while True:
-        rows: list[SeekRow] = yield ("run", src.seek(state, after, batch))
+        rows = yield from call(src.seek(state, after, batch))
         going: dict[int, list[SeekRow]] = {}
         for row in rows:
             dst = new.of(row.id)
@@ -226,7 +226,7 @@ def _move_tasks(src: QueueCore, new: Shards, state: str, batch: int) -> Plan[int
         if going:
             yield from batch_plan([put_tasks_op(new.cores[i], state, g) for i, g in going.items()])
             ids = [row.id for g in going.values() for row in g]
-            moved += yield ("run", drop_tasks_op(src, state, ids))
+            moved += yield from call(drop_tasks_op(src, state, ids))
         if len(rows) < batch:
             return moved
         after = (rows[-1].score, rows[-1].id)
@@ -236,14 +236,14 @@ def _move_fields(src: QueueCore, dst: QueueCore, which: str, batch: int) -> Plan
     pairs: dict[bytes, bytes] = {}  # HSCAN may return a field twice
     cursor = "0"
     while True:
-        cursor, step = yield ("run", fields_op(src, "read", which, [cursor, batch]))
+        cursor, step = yield from call(fields_op(src, "read", which, [cursor, batch]))
         pairs.update(zip(step[0::2], step[1::2], strict=True))
         if cursor == "0":
             break
     items = [x for pair in pairs.items() for x in pair]
     for i in range(0, len(items), 2 * batch):
-        yield ("run", fields_op(dst, "put", which, items[i : i + 2 * batch]))
+        yield from call(fields_op(dst, "put", which, items[i : i + 2 * batch]))
     fields = items[0::2]
     for i in range(0, len(fields), batch):
-        yield ("run", fields_op(src, "drop", which, fields[i : i + batch]))
+        yield from call(fields_op(src, "drop", which, fields[i : i + batch]))
     return len(fields)

@@ -7,14 +7,11 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import click
-import redis
 
 from delayq.connection import URL_ENV
 from delayq.cron import ops as cron_ops
 from delayq.errors import DelayqError
 from delayq.queue import Queue
-from delayq.runner import SyncRunner
-from delayq.timing import ms_to_datetime
 
 QUEUE_ENV = "DELAYQ_QUEUE"
 
@@ -23,23 +20,15 @@ def _open(queue: str | None, url: str | None) -> Queue:
     if not queue:
         raise click.UsageError(f"which queue? pass --queue NAME or set ${QUEUE_ENV}")
     try:
-        q = Queue(queue, url=url)
-        try:
-            stored = q.client.hget(q.shards.root.keys.shards, "n")
-        except redis.RedisError:
-            return q  # unreachable: the next call says so, with where and how to fix it
-        if stored and int(stored) != 1:  # a split queue: its schedules live on shard 0
-            split = Queue(queue, url=url, client=q.client, shards=int(stored))
-            split._owns_client = True  # it took over q's client
-            return split
-        return q
+        # A split queue's schedules live on its shard 0: open it with its stored count.
+        return Queue(queue, url=url, shards="stored")
     except (DelayqError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 
 
 def _read(q: Queue) -> cron_ops.CronState:
     try:
-        return SyncRunner(q.client).run(cron_ops.read(q.core))
+        return q.runner.run(cron_ops.read(q.core))
     except DelayqError as e:
         raise click.ClickException(str(e)) from None
 
@@ -111,17 +100,18 @@ def list_(queue: str | None, url: str | None, as_json: bool) -> None:
     """Each schedule: its expression, next run, last run and how it ended."""
     q = _open(queue, url)
     try:
-        state = _read(q)
+        infos = q.schedules()
+        now = q.stats().now if infos and not as_json else None
+    except DelayqError as e:
+        raise click.ClickException(str(e)) from None
     finally:
         q.close()
-    infos = cron_ops.schedules(state)
     if as_json:
         click.echo(json.dumps([i.as_dict() for i in infos], indent=2))
         return
-    if not infos:
+    if now is None:
         click.echo(f"no schedules on queue {q.name!r}")
         return
-    now = ms_to_datetime(state.now_ms)
     rows = [("NAME", "SCHEDULE", "NEXT RUN", "LAST RUN", "OUTCOME", "NOTE")]
     for i in infos:
         spec = f"{i.spec} ({i.tz})" if i.tz else i.spec
@@ -154,7 +144,7 @@ def remove(name: str, queue: str | None, url: str | None, force: bool) -> None:
     """
     q = _open(queue, url)
     try:
-        runner = SyncRunner(q.client)
+        runner = q.runner
         state = _read(q)
         st = state.schedules.get(name)
         if st is None:

@@ -42,7 +42,6 @@ from delayq.admin.present import (
     relative,
     timestamp,
 )
-from delayq.cron import ops as cron_ops
 from delayq.dashboard.auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
 from delayq.dashboard.charts import WINDOWS, lateness_chart, timeline_chart
 from delayq.errors import ConnectionFailed, DelayqError, InvalidTaskError
@@ -225,14 +224,14 @@ class Dashboard:
 
     def cron_page(self, request: Request) -> HTMLResponse:
         q = self.queue(request.path_params["name"])
-        state = q.execute(cron_ops.read(q.core))
+        schedules = q.schedules()
         stats = q.stats()
         return self.render(
             request,
             "cron.html",
             title=f"{q.name}: cron",
             queue=q.name,
-            schedules=cron_ops.schedules(state),
+            schedules=schedules,
             now=stats.now,
         )
 

@@ -3,21 +3,25 @@
 Each call is two writes: delayq's record (one script on the queue's keys, ``ops.py``) and
 the key itself (one command on the key); see ``ops.py`` for the order that never loses an
 expiry.
+
+Each method is one plan (``runner.py``), written once: ``Expiring`` and ``AsyncExpiring`` only
+drive it on their queue. The facade knows a queue by what it needs of one (``PlanHost``), so it
+does not import ``delayq.queue``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
+from delayq.core import Op, QueueCore
 from delayq.expiring.ops import delete_op, encode_value, set_op, touch_op
+from delayq.runner import Plan, command
 from delayq.task import Task
 from delayq.timing import Duration, ms_to_datetime
 
-if TYPE_CHECKING:
-    from delayq.queue import AsyncQueue, Queue
-
+T = TypeVar("T")
 Via = Literal["timer", "notification", "scan"]
 
 
@@ -33,57 +37,84 @@ class Expired:
     task: Task
 
 
+class PlanHost(Protocol):
+    """What the plans need of a queue: its (home) core, and a script call after the queue's
+    shard count check (``Queue.checked``)."""
+
+    @property
+    def core(self) -> QueueCore: ...
+
+    def checked(self, op: Op[T], *, write: bool = False) -> Plan[T]: ...
+
+
+class SyncHost(PlanHost, Protocol):
+    def drive(self, plan: Plan[T]) -> T: ...
+
+
+class AsyncHost(PlanHost, Protocol):
+    async def drive(self, plan: Plan[T]) -> T: ...
+
+
+# -- the plans -----------------------------------------------------------------------------------
+
+
+def set_plan(queue: PlanHost, key: str, value: Any, ttl: Duration) -> Plan[datetime]:
+    core = queue.core
+    data = encode_value(core, value)
+    deadline = yield from queue.checked(set_op(core, key, data, ttl), write=True)
+    yield from command("SET", key, data, "PXAT", deadline)
+    return ms_to_datetime(deadline)
+
+
+def touch_plan(queue: PlanHost, key: str, ttl: Duration) -> Plan[bool]:
+    deadline = yield from queue.checked(touch_op(queue.core, key, ttl))
+    if deadline < 0:
+        return False
+    return bool((yield from command("PEXPIREAT", key, deadline)))
+
+
+def delete_plan(queue: PlanHost, key: str) -> Plan[bool]:
+    cancelled = yield from queue.checked(delete_op(queue.core, key))
+    yield from command("DEL", key)
+    return cancelled
+
+
+# -- the two flavours -------------------------------------------------------------------------
+
+
 class Expiring:
     """``queue.expiring`` for blocking code."""
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
+    def __init__(self, queue: SyncHost) -> None:
+        self.queue = queue
 
     def set(self, key: str, value: Any, ttl: Duration) -> datetime:
         """Set ``key`` to ``value`` (JSON) with a TTL; the ``on_expire`` callback whose pattern
         matches gets the value once the key expires. Returns the deadline (server clock)."""
-        core = self._queue.core
-        data = encode_value(core, value)
-        deadline = self._queue.execute(set_op(core, key, data, ttl), write=True)
-        self._queue.client.set(key, data, pxat=deadline)
-        return ms_to_datetime(deadline)
+        return self.queue.drive(set_plan(self.queue, key, value, ttl))
 
     def touch(self, key: str, ttl: Duration) -> bool:
         """Give a watched key a new TTL; False if it is not watched or has expired (its
         callback then runs as it would have)."""
-        deadline = self._queue.execute(touch_op(self._queue.core, key, ttl))
-        if deadline < 0:
-            return False
-        return bool(self._queue.client.pexpireat(key, deadline))
+        return self.queue.drive(touch_plan(self.queue, key, ttl))
 
     def delete(self, key: str) -> bool:
         """Delete a watched key without a callback; True if it had not expired. An expiry
         that happened (waiting, running or retrying) is still delivered: False."""
-        cancelled = self._queue.execute(delete_op(self._queue.core, key))
-        self._queue.client.delete(key)
-        return cancelled
+        return self.queue.drive(delete_plan(self.queue, key))
 
 
 class AsyncExpiring:
     """``queue.expiring`` for asyncio code: the same methods as coroutines."""
 
-    def __init__(self, queue: AsyncQueue) -> None:
-        self._queue = queue
+    def __init__(self, queue: AsyncHost) -> None:
+        self.queue = queue
 
     async def set(self, key: str, value: Any, ttl: Duration) -> datetime:
-        core = self._queue.core
-        data = encode_value(core, value)
-        deadline = await self._queue.execute(set_op(core, key, data, ttl), write=True)
-        await self._queue.client.set(key, data, pxat=deadline)
-        return ms_to_datetime(deadline)
+        return await self.queue.drive(set_plan(self.queue, key, value, ttl))
 
     async def touch(self, key: str, ttl: Duration) -> bool:
-        deadline = await self._queue.execute(touch_op(self._queue.core, key, ttl))
-        if deadline < 0:
-            return False
-        return bool(await self._queue.client.pexpireat(key, deadline))
+        return await self.queue.drive(touch_plan(self.queue, key, ttl))
 
     async def delete(self, key: str) -> bool:
-        cancelled = await self._queue.execute(delete_op(self._queue.core, key))
-        await self._queue.client.delete(key)
-        return cancelled
+        return await self.queue.drive(delete_plan(self.queue, key))
