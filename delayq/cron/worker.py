@@ -267,7 +267,8 @@ class Schedules:
             self._synced = True
         except DelayqError as e:
             log.warning("schedules: start-up pass failed (%s); retrying in %.0f s", e, self.tick_s)
-        self._ticker = asyncio.create_task(self._tick_loop(), name="delayq-cron")
+        # Under the worker's supervision, like its other loops (task name "delayq-cron").
+        self._ticker = ctx.supervise("cron", self._tick_loop)
 
     async def _tick_loop(self) -> None:
         stopping = self.ctx.stopping  # set when the worker begins to shut down

@@ -361,7 +361,7 @@ class Worker:
             await claim_loop
         finally:
             await self._shutdown()
-            loops = list(ctx.loops)
+            loops = list(ctx.loops)  # the cron ticker too, started by a start-up hook
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
