@@ -19,9 +19,11 @@ from typing import Any
 from common import Report, client, fresh_server
 
 from delayq import Queue, TaskSpec, leasing
-from delayq.codec import Header, JsonCodec
+from delayq.codec import Header
 from delayq.leasing import Claimed
 from delayq.runner import SyncRunner
+from delayq.worker.clock import ServerClock
+from delayq.worker.context import WorkerContext
 from delayq.worker.events import Events
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, _op
@@ -78,7 +80,20 @@ async def _runs_path(n: int) -> float:
 
     registry = Registry()
     registry.add(make_handler("noop", noop))
-    executor = Executor(registry, "q", {"json": JsonCodec()}, None, None, Events())  # type: ignore[arg-type]
+    ctx = WorkerContext(
+        shards=Queue("q", url="redis://127.0.0.1:1/0").shards,  # builders only: never connects
+        runner=None,  # type: ignore[arg-type]
+        threads=None,  # type: ignore[arg-type]
+        clock=ServerClock(),
+        stopping=asyncio.Event(),
+        registry=registry,
+        startup=[],
+        events=Events(),
+        waker=None,  # type: ignore[arg-type]
+        supervisor=None,  # type: ignore[arg-type]
+        worker_id="bench",
+    )
+    executor = Executor(ctx)
     written: list[Outcome] = []
 
     class Sink:  # the Finisher's place: outcomes are only collected

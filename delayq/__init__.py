@@ -18,8 +18,8 @@ from delayq.errors import (
 from delayq.expiring.facade import Expired
 from delayq.queue import AsyncQueue, Queue
 from delayq.task import QueueStats, Scheduled, Task, TaskInfo
-from delayq.worker import Worker
 from delayq.worker.events import TaskEvent
+from delayq.worker.worker import Worker
 
 __version__ = "0.1.0"
 

@@ -3,6 +3,7 @@ schedule removal, the CLI, and three worker processes firing each occurrence onc
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -19,7 +20,7 @@ import redis
 from click.testing import CliRunner
 from croniter import croniter
 
-from delayq import ConfigurationError, Queue, Task, Worker
+from delayq import ConfigurationError, Queue, Task, Worker, WorkerFailed
 from delayq.cli.main import main
 from delayq.cron import ops as cron_ops
 from delayq.cron.schedules import (
@@ -504,6 +505,22 @@ def test_start_up_creates_replaces_and_repairs_the_pending_occurrence(
         wait_for(lambda: _meta(queue, "report")["next_id"] != replaced, timeout=5)
         repaired = _meta(queue, "report")["next_id"]
         assert queue.get(repaired).state == "scheduled"  # type: ignore[union-attr]
+
+
+# The injected fault raises after the wait's coroutine is made: it is never awaited.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_periodic_check_that_keeps_crashing_stops_the_worker(queue: Queue) -> None:
+    """The periodic check runs under the worker's supervision like its other loops: one that
+    keeps crashing (outside the check's own error handling) stops the worker with
+    WorkerFailed, instead of dying silently while the worker serves on."""
+    w = Worker(queue, lease=5)
+    w.every(hours=1, name="report")(lambda t: None)
+    w.supervisor.max_failures = 2
+    w.supervisor.first_delay = 0.01
+    w.schedules.tick_s = "not seconds"  # type: ignore[assignment]  # TypeError in its wait
+    with pytest.raises(WorkerFailed, match="'cron' failed 2 times in a row"):
+        await asyncio.wait_for(w.serve(), 20)
+    assert _has(queue, "report")  # the start-up pass ran before the check's first wait
 
 
 def test_a_schedule_no_live_worker_declares_is_parked_and_comes_back(

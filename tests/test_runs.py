@@ -135,7 +135,8 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
     """A run that waits keeps its shared task and the rest need a new one, a loop pass
     later: once a kind's handler has been seen to wait, its runs start in tasks of their own,
     all in the same pass."""
-    from delayq.codec import JsonCodec
+    from delayq.worker.clock import ServerClock
+    from delayq.worker.context import WorkerContext
     from delayq.worker.events import Events
     from delayq.worker.execute import Executor
     from delayq.worker.registry import Registry, make_handler
@@ -148,7 +149,20 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
 
     registry = Registry()
     registry.add(make_handler("k", waits))
-    executor = Executor(registry, "q", {"json": JsonCodec()}, None, None, Events())  # type: ignore[arg-type]
+    ctx = WorkerContext(
+        shards=Queue("q", url="redis://127.0.0.1:1/0").shards,  # builders only: never connects
+        runner=None,  # type: ignore[arg-type]
+        threads=None,  # type: ignore[arg-type]
+        clock=ServerClock(),
+        stopping=asyncio.Event(),
+        registry=registry,
+        startup=[],
+        events=Events(),
+        waker=None,  # type: ignore[arg-type]
+        supervisor=None,  # type: ignore[arg-type]
+        worker_id="test",
+    )
+    executor = Executor(ctx)
     runs = Runs(executor, Written(), lambda ms: 0.0, lambda: None, concurrency=100)  # type: ignore[arg-type]
     runs.start_many([claimed("first", 1)], 10**15)
     for _ in range(3):

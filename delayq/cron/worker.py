@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from delayq.cron import ops as cron_ops
 from delayq.cron.schedules import (
@@ -41,12 +41,10 @@ from delayq.cron.schedules import (
     occurrence_of,
     validate_name,
 )
-from delayq.errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost, Retry
+from delayq.errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost
 from delayq.task import Task
-from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
-
-if TYPE_CHECKING:
-    from delayq.worker.worker import Worker
+from delayq.worker.context import StartupHook, WorkerContext
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
 
 log = logging.getLogger("delayq.cron")
 
@@ -59,6 +57,8 @@ QUICK_RETRIES = (0.01, 0.02, 0.04, None)  # busy: look again after these pauses,
 
 @dataclass(frozen=True)
 class _Entry:
+    """A declared schedule and its function (called with :meth:`WorkerContext.invoke`)."""
+
     sched: Schedule
     fn: HandlerFn
     is_async: bool
@@ -70,10 +70,14 @@ def _default_name(fn: HandlerFn) -> str:
 
 
 class Schedules:
-    """The periodic schedules declared on one worker."""
+    """The periodic schedules declared on one worker: their handlers go in ``registry``,
+    and the first declared adds the start-up pass to ``startup`` (the worker's start-up
+    hooks, which receive the :class:`WorkerContext` the occurrences then run with)."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(self, registry: Registry, startup: list[StartupHook]) -> None:
+        self.registry = registry
+        self.startup = startup
+        self._ctx: WorkerContext | None = None  # the serving worker's, from the start-up pass
         self.entries: dict[str, _Entry] = {}
         self.tick_s = TICK_S
         self.orphan_grace_s = ORPHAN_GRACE_S
@@ -180,10 +184,10 @@ class Schedules:
             # (an occurrence waiting for a max_running slot is not timed out).
             handler = make_handler(sched.kind, self._runner_for(sched.name), **options)
             probe = make_handler(sched.kind, fn, timeout=timeout)
-            self.worker.registry.add(handler)
+            self.registry.add(handler)
             self.entries[sched.name] = _Entry(sched, fn, probe.is_async, probe.timeout)
             if len(self.entries) == 1:
-                self.worker.on_startup(self._on_startup)
+                self.startup.append(self._on_startup)
             return fn
 
         return register
@@ -196,9 +200,16 @@ class Schedules:
 
     # -- running an occurrence -----------------------------------------------------------
 
+    @property
+    def ctx(self) -> WorkerContext:
+        """The serving worker's context (occurrences run only once it serves)."""
+        if self._ctx is None:
+            raise RuntimeError("the schedules' worker is not serving")
+        return self._ctx
+
     def _now_ms(self) -> int:
         """The server's clock as the worker tracks it (no round trip)."""
-        offset = self.worker.clock.offset
+        offset = self.ctx.clock.offset
         if offset is None:
             return round(time.time() * 1000)
         return round((asyncio.get_running_loop().time() + offset) * 1000)
@@ -208,12 +219,12 @@ class Schedules:
         occurrence = occurrence_of(task.id)
         if occurrence is None:
             raise Fail(f"task id {task.id!r} is not an occurrence of schedule {sched.name!r}")
-        worker = self.worker
+        ctx = self.ctx
         for i, pause in enumerate(QUICK_RETRIES):
             now = self._now_ms()
             decision = sched.decide(occurrence, now)
-            op = cron_ops.start(worker.core, sched, task.id, task.token, occurrence, decision)
-            status = await worker.runner.run(op)
+            op = cron_ops.start(ctx.core, sched, task.id, task.token, occurrence, decision)
+            status = await ctx.runner.run(op)
             if status not in ("busy", "waiting") or pause is None or (status, i) == ("waiting", 0):
                 break
             # The run ahead may have just finished, its outcome not yet written (catch-up
@@ -231,52 +242,36 @@ class Schedules:
             log.warning("schedule %r: occurrence %s %s", sched.name, task.id, decision.reason)
             raise Discard(decision.reason)
         try:
-            await self._call(entry, task)
+            await ctx.invoke(entry, task, what="schedule function")
         except Exception as e:
-            outcome, error = _classify(task, e)
-            await self._record(sched.name, task.id, outcome, error)
+            # Recorded as the executor will take it (the same classify).
+            verdict = ctx.classify(e, task)
+            await self._record(sched.name, task.id, verdict.outcome, verdict.error)
             raise
         await self._record(sched.name, task.id, "succeeded", "")
 
-    async def _call(self, entry: _Entry, task: Task) -> Any:
-        if entry.is_async:
-            coro = entry.fn(task)
-            if entry.timeout is None:
-                return await coro
-            return await asyncio.wait_for(coro, entry.timeout)
-        fut = self.worker.threads.submit(entry.fn, task)
-        if entry.timeout is None:
-            return await fut
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), entry.timeout)
-        except TimeoutError:
-            task.lease_lost.set()  # as the executor does: a cooperative function may stop
-            raise TimeoutError(
-                f"schedule function took longer than its timeout of {entry.timeout} s"
-            ) from None
-
     async def _record(self, name: str, task_id: str, outcome: str, error: str) -> None:
+        ctx = self.ctx
         try:
-            await self.worker.runner.run(
-                cron_ops.outcomes(self.worker.core, [(name, task_id, outcome, error)])
-            )
+            await ctx.runner.run(cron_ops.outcomes(ctx.core, [(name, task_id, outcome, error)]))
         except DelayqError as e:
             # Informational only: the run's slot is freed anyway once its lease is gone.
             log.warning("schedule %r: could not record the outcome of %s: %s", name, task_id, e)
 
     # -- the start-up pass and the periodic check ------------------------------------------------
 
-    async def _on_startup(self, _worker: Worker) -> None:
+    async def _on_startup(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
         try:
             await self.sync(startup=True)
             self._synced = True
         except DelayqError as e:
             log.warning("schedules: start-up pass failed (%s); retrying in %.0f s", e, self.tick_s)
-        self._ticker = asyncio.create_task(self._tick_loop(), name="delayq-cron")
+        # Under the worker's supervision, like its other loops (task name "delayq-cron").
+        self._ticker = ctx.supervise("cron", self._tick_loop)
 
     async def _tick_loop(self) -> None:
-        stopping = self.worker._stopping  # set when the worker begins to shut down
-        assert stopping is not None
+        stopping = self.ctx.stopping  # set when the worker begins to shut down
         while True:
             try:
                 await asyncio.wait_for(stopping.wait(), self.tick_s * random.uniform(0.8, 1.2))
@@ -295,16 +290,16 @@ class Schedules:
         """Bring the stored schedules in line (see :func:`cron_ops.plan`); returns the number
         of changes applied. A change refused because another worker changed the schedule
         meanwhile is planned again from a fresh read."""
-        worker = self.worker
+        ctx = self.ctx
         own = [e.sched for e in self.entries.values()]
         applied = 0
         for _ in range(5):
-            state, registered = await worker.runner.run_many(
-                [cron_ops.read(worker.core), worker.core.workers(limit=1000)]
+            state, registered = await ctx.runner.run_many(
+                [cron_ops.read(ctx.core), ctx.core.workers(limit=1000)]
             )
             live = {k for w in registered if w.alive for k in w.kinds}
             changes = cron_ops.plan(
-                worker.core,
+                ctx.core,
                 own,
                 state,
                 live,
@@ -314,7 +309,7 @@ class Schedules:
             )
             if not changes:
                 return applied
-            done = await worker.runner.run(cron_ops.sync(worker.core, changes))
+            done = await ctx.runner.run(cron_ops.sync(ctx.core, changes))
             applied += sum(done)
             for change, ok in zip(changes, done, strict=True):
                 if ok and change.meta is not None and "parked" in change.meta:
@@ -327,17 +322,3 @@ class Schedules:
                 return applied
         log.info("schedules kept changing during the check; trying again at the next one")
         return applied
-
-
-def _classify(task: Task, e: Exception) -> tuple[str, str]:
-    """What the executor will make of the function's exception (see execute.py)."""
-    will_retry = task.attempt < task.max_attempts
-    if isinstance(e, Discard):
-        return "discarded", e.reason
-    if isinstance(e, Fail):
-        return "dead", f"Fail: {e.reason}"
-    if isinstance(e, Defer):
-        return "deferred", ""
-    if isinstance(e, Retry):
-        return ("retrying" if will_retry else "dead"), f"Retry: {e}"
-    return ("retrying" if will_retry else "dead"), f"{type(e).__name__}: {e}"

@@ -10,7 +10,7 @@ from delayq.demo.shop import Shop
 from delayq.errors import Discard
 from delayq.queue import Queue
 from delayq.task import Task
-from delayq.worker import Worker
+from delayq.worker.worker import Worker
 
 QUEUE_ENV = "DELAYQ_DEMO_QUEUE"
 DB_ENV = "DELAYQ_DEMO_DATABASE_URL"

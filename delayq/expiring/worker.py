@@ -28,7 +28,8 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
@@ -42,10 +43,7 @@ from delayq.expiring.facade import Expired, Via
 from delayq.runner import is_cluster
 from delayq.task import Task
 from delayq.timing import ms_to_datetime
-
-if TYPE_CHECKING:
-    from delayq.worker.waker import Waker
-    from delayq.worker.worker import Worker
+from delayq.worker.context import WorkerContext
 
 log = logging.getLogger("delayq.expiry")
 
@@ -59,9 +57,21 @@ CONFIRM_RETRY_MS = 250  # the confirm could not reach the server: look again thi
 ExpireFn = Callable[["Expired"], Any]
 
 
+@dataclass(frozen=True)
+class _Callback:
+    """An expiry callback as :meth:`WorkerContext.invoke` calls it (no timeout)."""
+
+    fn: ExpireFn
+    is_async: bool
+    timeout: float | None = None
+
+
 class ExpiryWatcher:
-    def __init__(self, worker: Worker, *, configure: bool = True) -> None:
-        self.worker = worker
+    """The expiry callbacks declared on one worker (``on_expire``), and, once it serves
+    (:meth:`attach`), their bell."""
+
+    def __init__(self, *, configure: bool = True) -> None:
+        self._ctx: WorkerContext | None = None  # the serving worker's, from attach()
         self.configure = configure
         self.patterns: list[tuple[str, ExpireFn]] = []
         self.mode: str | None = None
@@ -78,6 +88,13 @@ class ExpiryWatcher:
         if any(p == pattern for p, _ in self.patterns):
             raise ValueError(f"a callback for pattern {pattern!r} is already registered")
         self.patterns.append((pattern, fn))
+
+    @property
+    def ctx(self) -> WorkerContext:
+        """The serving worker's context (set by :meth:`attach`)."""
+        if self._ctx is None:
+            raise RuntimeError("the expiry watcher's worker is not serving")
+        return self._ctx
 
     def match(self, key: str) -> ExpireFn | None:
         for pattern, fn in self.patterns:
@@ -113,12 +130,10 @@ class ExpiryWatcher:
             guaranteed=not foreign,
             task=task,
         )
-        if asyncio.iscoroutinefunction(fn):
-            await fn(expired)
-        else:
-            await self.worker.threads.submit(fn, expired)
+        ctx = self.ctx
+        await ctx.invoke(_Callback(fn, asyncio.iscoroutinefunction(fn)), task, expired)
         if not foreign:
-            await self.worker.runner.run(expiring.delivered_op(self.worker.core, key))
+            await ctx.runner.run(expiring.delivered_op(ctx.core, key))
 
     async def _check(self, key: str, task: Task) -> None:
         """Return if the key's expiry is this task's to deliver now; else raise: ``Discard``
@@ -126,13 +141,13 @@ class ExpiryWatcher:
         gone), ``Defer`` when other code extended the key (or the deadline is not yet past
         on the server's clock). The key is read before asking the server, so a set made
         after the expiry cannot make it look extended."""
-        core = self.worker.core
+        ctx = self.ctx
         wait_ms = 0
         for _ in range(CONFIRM_TRIES):
             try:
                 # The key read first, then the server asked; one round trip on one server.
-                pttl, (status, wait_ms) = await self.worker.runner.run_after(
-                    ("PTTL", key), expiring.confirm_op(core, key, task.id, task.token)
+                pttl, (status, wait_ms) = await ctx.runner.run_after(
+                    ("PTTL", key), expiring.confirm_op(ctx.core, key, task.id, task.token)
                 )
             except ConnectionFailed as e:
                 # A failover or a reconnect: look again shortly, without using an attempt
@@ -157,11 +172,14 @@ class ExpiryWatcher:
 
     # -- the bell ---------------------------------------------------------------------------
 
-    def attach(self, client: Any, waker: Waker) -> None:
-        """Wire the bell (if any pattern is registered): on a single server, a channel on
-        the waker's connection; on Redis Cluster, :meth:`start` runs one per primary."""
+    def attach(self, ctx: WorkerContext) -> None:
+        """Take the serving worker's context, and wire the bell (if any pattern is
+        registered): on a single server, a channel on the waker's connection; on Redis
+        Cluster, :meth:`loops` runs one per primary."""
+        self._ctx = ctx
         if not self.patterns:
             return
+        client = ctx.runner.client
         if is_cluster(client):
             self.bells = ClusterBells(
                 client,
@@ -172,8 +190,8 @@ class ExpiryWatcher:
                 on_refused=self._warn,
             )
             return
-        waker.extra[self.channel_for(client)] = self.on_message
-        waker.on_subscribed.append(self.on_subscribed)
+        ctx.waker.extra[self.channel_for(client)] = self.on_message
+        ctx.waker.on_subscribed.append(self.on_subscribed)
 
     def loops(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
         """The bell's own loops (Redis Cluster only), by name; the worker runs them under
@@ -190,7 +208,7 @@ class ExpiryWatcher:
 
     def on_message(self, data: Any) -> None:
         key = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        if key.startswith(self.worker.core.keys.prefix + ":") or self.match(key) is None:
+        if key.startswith(self.ctx.core.keys.prefix + ":") or self.match(key) is None:
             # delayq's own keys and keys no callback wants: a watched key always matches a
             # pattern (one that did not would go to the dead set), so nothing is missed.
             return
@@ -203,10 +221,10 @@ class ExpiryWatcher:
         burst of expiries costs a few pipelined calls, not a connection each."""
         while self._pending:
             keys, self._pending = self._pending[:NOTICE_BATCH], self._pending[NOTICE_BATCH:]
-            core = self.worker.core
-            ops = [expiring.notice_op(core, k, foreign=True) for k in keys]
+            ctx = self.ctx
+            ops = [expiring.notice_op(ctx.core, k, foreign=True) for k in keys]
             try:
-                await self.worker.runner.run_many(ops)
+                await ctx.runner.run_many(ops)
             except DelayqError as e:
                 log.warning(
                     "could not act on %d expiry notifications (%s); their timers still fire "
@@ -218,7 +236,7 @@ class ExpiryWatcher:
     # -- the server's configuration ------------------------------------------------------
 
     def on_subscribed(self) -> None:
-        if self.channel_for(self.worker.runner.client) not in self.worker.waker.extra:
+        if not self._subscribed():
             self.mode = "timer+scan"  # the bell's channel was refused: no notifications
             self._warn("the server refused SUBSCRIBE to the expired-event channel")
             return
@@ -236,10 +254,16 @@ class ExpiryWatcher:
                 log.info("could not check notify-keyspace-events yet (%s); retrying", e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        if self.channel_for(self.worker.runner.client) not in self.worker.waker.extra:
+        if not self._subscribed():
             mode = "timer+scan"  # the subscription was refused meanwhile
         await self._record(mode)
         return mode
+
+    def _subscribed(self) -> bool:
+        """Whether the bell's channel is (still) on the waker's connection: dropped there
+        when the server refuses it."""
+        ctx = self.ctx
+        return self.channel_for(ctx.runner.client) in ctx.waker.extra
 
     async def _cluster_mode(self, mode: str) -> None:
         assert self.bells is not None
@@ -249,13 +273,14 @@ class ExpiryWatcher:
 
     async def _record(self, mode: str) -> None:
         self.mode = mode
+        ctx = self.ctx
         try:
-            await self.worker.runner.client.hset(
-                self.worker.core.keys.expiry,
+            await ctx.runner.client.hset(
+                ctx.core.keys.expiry,
                 mapping={
                     "mode": mode,
                     "checked_at": int(time.time() * 1000),
-                    "worker": self.worker.id,
+                    "worker": ctx.worker_id,
                 },
             )
         except RedisError as e:
@@ -265,7 +290,7 @@ class ExpiryWatcher:
         """Check (and if allowed set) ``notify-keyspace-events`` on ``client``'s server (the
         worker's, or one cluster node's)."""
         if client is None:
-            client = self.worker.runner.client
+            client = self.ctx.runner.client
         try:
             reply = await client.config_get("notify-keyspace-events")
         except ResponseError as e:

@@ -12,23 +12,21 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from delayq.backoff import delay_for
 from delayq.codec import Codec, RecordError, decode_payload
-from delayq.errors import Defer, Discard, Fail, InvalidTaskError, Retry
+from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.task import Task
 from delayq.timing import seconds
-from delayq.worker.events import EventName, Events, TaskEvent
+from delayq.worker.context import WorkerContext
+from delayq.worker.events import EventName, TaskEvent
 from delayq.worker.outcome import Outcome
-from delayq.worker.registry import Handler, Registry
-from delayq.worker.threads import HandlerThreads
+from delayq.worker.registry import Handler
 
 log = logging.getLogger("delayq.worker")
-
-OnDead = Callable[[Task | None, str, str], Awaitable[None]]
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
@@ -68,21 +66,13 @@ def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
 
 
 class Executor:
-    def __init__(
-        self,
-        registry: Registry,
-        queue: str,
-        codecs: dict[str, Codec],
-        threads: HandlerThreads,
-        on_dead: OnDead,
-        events: Events,
-    ) -> None:
-        self.registry = registry
-        self.queue = queue
-        self.codecs = codecs
-        self.threads = threads
-        self.on_dead = on_dead
-        self.events = events
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.registry = ctx.registry
+        self.queue = ctx.core.name
+        self.codecs = ctx.core.codecs
+        self.events = ctx.events
+        self.invoke = ctx.invoke
+        self.classify = ctx.classify
 
     def _emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
         if not self.events.listeners:
@@ -94,8 +84,18 @@ class Executor:
         self, task: Task | None, claimed: Claimed, reason: str, duration: float | None = None
     ) -> Outcome:
         self._emit("dead", claimed, duration=duration, error=reason.splitlines()[0])
-        await self.on_dead(task, claimed.id, reason)
+        await self._fire_on_dead(task, claimed.id, reason)
         return Outcome("bury", claimed.id, claimed.token, text=reason)
+
+    async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
+        log.error("task %s is dead: %s", task_id, reason.splitlines()[0] if reason else "")
+        for hook in self.registry.on_dead:
+            try:
+                result = hook(task_id, reason, task)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("on_dead hook %r failed", hook)
 
     def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str:
         """The task and its handler, or the reason it can never run here (it will be buried)."""
@@ -130,7 +130,7 @@ class Executor:
             if handler.is_async and handler.timeout is None:
                 await handler.fn(task)  # the usual case, one coroutine frame fewer
             else:
-                await self._call(handler, task)
+                await self.invoke(handler, task)
         except asyncio.CancelledError as e:
             if _cancelled_by_us():
                 if task.lease_lost.is_set():
@@ -148,50 +148,25 @@ class Executor:
     async def _failed(
         self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
     ) -> Outcome:
-        """Decide what an exception from the handler means (see the module docstring)."""
-        if isinstance(e, Defer):
-            return Outcome("release", task.id, task.token, due=f"+{max(e.after_ms, 1)}")
-        if isinstance(e, Discard):
-            log.info("task %s (%s) discarded: %s", task.id, task.kind, e.reason)
+        """Act on what an exception from the handler means (see the module docstring)."""
+        v = self.classify(e, task)
+        if v.outcome == "deferred":
+            return Outcome("release", task.id, task.token, due=f"+{v.due_ms}")
+        if v.outcome == "discarded":
+            log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error)
             self._emit("discarded", claimed, duration=duration)
             return Outcome("discard", task.id, task.token)
-        if isinstance(e, Fail):
-            self._emit("failed", claimed, duration=duration, error=f"Fail: {e.reason}")
-            return await self._bury(
-                task, claimed, f"Fail: {e.reason or 'no reason given'}", duration
-            )
-        if isinstance(e, Retry):
-            if task.attempt >= task.max_attempts:
-                reason = f"Retry requested, but no attempts left: {e}"
-                return await self._bury(task, claimed, reason, duration)
-            self._emit("retried", claimed, duration=duration)
-            due = _retry_after(handler, task.attempt, e.after)
-            return Outcome("retry", task.id, task.token, due, f"Retry: {e}")
-        text = "".join(traceback.format_exception(e))
-        self._emit("failed", claimed, duration=duration, error=f"{type(e).__name__}: {e}")
-        if task.attempt >= task.max_attempts:
-            reason = f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
+        unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
+        text = "".join(traceback.format_exception(e)) if unexpected else v.error
+        if v.failed:
+            self._emit("failed", claimed, duration=duration, error=v.error)
+        if v.outcome == "dead":
+            reason = v.reason
+            if reason is None:
+                reason = f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
             return await self._bury(task, claimed, reason, duration)
-        log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
+        if unexpected:
+            log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
         self._emit("retried", claimed, duration=duration)
-        due = _retry_after(handler, task.attempt, None)
+        due = _retry_after(handler, task.attempt, v.after)
         return Outcome("retry", task.id, task.token, due, text)
-
-    async def _call(self, handler: Handler, task: Task) -> Any:
-        if handler.is_async:
-            coro = handler.fn(task)
-            if handler.timeout is None:
-                return await coro
-            return await asyncio.wait_for(coro, handler.timeout)
-        fut = self.threads.submit(handler.fn, task)
-        if handler.timeout is None:
-            return await fut
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), handler.timeout)
-        except TimeoutError:
-            # A thread cannot be stopped: it runs on, but its result is ignored and the
-            # lease_lost flag tells a cooperative handler to give up.
-            task.lease_lost.set()
-            raise TimeoutError(
-                f"handler took longer than its timeout of {handler.timeout} s"
-            ) from None

@@ -34,10 +34,10 @@ from delayq.expiring.worker import ExpireFn, ExpiryWatcher
 from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
-from delayq.task import Task
 from delayq.timing import seconds
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock
+from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
@@ -112,15 +112,20 @@ class Worker:
         self.max_wait_s = seconds(max_wait, "max_wait")
         self._client_arg = client
         self.registry = Registry()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
         self._stopping: asyncio.Event | None = None  # events are made on the serving loop
         self._force: asyncio.Event | None = None
         self._stop_requested = threading.Event()
+        # What the worker's parts share while serving; set, with the attributes of serve()
+        # (runner, runs, ...), before anything can stop or look at the worker.
+        self._ctx: WorkerContext | None = None
         self.clock = ServerClock()
         self.events = Events()
-        self.expiry = ExpiryWatcher(self, configure=configure_notifications)
+        self.expiry = ExpiryWatcher(configure=configure_notifications)
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
-        self.startup: list[Callable[[Worker], Awaitable[None]]] = []
+        # Run in order once serving has begun: on_startup's and the extensions' own (cron).
+        self._startup: list[StartupHook] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
         self._registered_at = -REGISTER_EVERY_S
@@ -184,7 +189,7 @@ class Worker:
     @functools.cached_property
     def schedules(self) -> Schedules:
         """The periodic schedules declared with :meth:`cron` and :meth:`every`."""
-        return Schedules(self)
+        return Schedules(self.registry, self._startup)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
@@ -195,8 +200,13 @@ class Worker:
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self.startup.append(fn)
+        self._startup.append(_WorkerHook(fn, self))
         return fn
+
+    @property
+    def startup(self) -> list[Callable[[Worker], Awaitable[None]]]:
+        """The functions given to :meth:`on_startup`, in order (a copy)."""
+        return [h.fn for h in self._startup if isinstance(h, _WorkerHook)]
 
     def _registration_due(self) -> tuple[str, str]:
         """Register with this claim only every REGISTER_EVERY_S, and send the registration
@@ -214,13 +224,12 @@ class Worker:
 
     def registration(self) -> str:
         """What this worker publishes about itself on every claim and heartbeat."""
-        runs = getattr(self, "runs", None)
         return json.dumps(
             {
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "concurrency": self.concurrency,
-                "in_flight": runs.busy if runs else 0,
+                "in_flight": self.runs.busy if self._ctx is not None else 0,
                 "kinds": self.registry.kinds(),
                 "started": round(self._started_at, 3),
                 # Registrations arrive at least this often; three missed ones mean dead.
@@ -243,23 +252,23 @@ class Worker:
     def stop(self) -> None:
         """Ask a serving worker to shut down gracefully (thread-safe)."""
         self._stop_requested.set()
-        loop = getattr(self, "_loop", None)
+        loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._begin_stop)
 
     def _begin_stop(self) -> None:
-        if self._stopping is not None:
+        if self._ctx is not None:
+            self._ctx.stop()  # stopping set, and the claim loop woken to see it
+        elif self._stopping is not None:  # still starting: nothing to wake yet
             self._stopping.set()
-            waker = getattr(self, "waker", None)  # None while still starting
-            if waker is not None:
-                waker.poke()
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._stopping = asyncio.Event()
+        self._ctx = None  # from an earlier serve(), if any
+        stopping = self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         # Handlers may each hold a connection briefly (expiry checks); leave room for the loops.
         client = self._client_arg or async_client(
@@ -284,21 +293,27 @@ class Worker:
             self.core.keys.wake_channel,
             tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
         )
-        self.expiry.attach(client, self.waker)  # the bell: the waker's channel, or per primary
+        ctx = WorkerContext(
+            shards=shards,
+            runner=self.runner,
+            threads=self.threads,
+            clock=self.clock,
+            stopping=stopping,
+            registry=self.registry,
+            startup=self._startup,
+            events=self.events,
+            waker=self.waker,
+            supervisor=self.supervisor,
+            worker_id=self.id,
+        )
+        self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
         self.finisher = Finisher(
             shards,
             self.runner,
             lambda o, r: self.runs.written(o, r),
             lambda o: self.runs.dropped(o),
         )
-        self.executor = Executor(
-            self.registry,
-            self.core.name,
-            self.core.codecs,
-            self.threads,
-            self._fire_on_dead,
-            self.events,
-        )
+        self.executor = Executor(ctx)
         self.runs = Runs(
             self.executor,
             self.finisher,
@@ -318,21 +333,22 @@ class Worker:
             self.id,
             self.registration,
         )
+        self._ctx = ctx
         if install_signals:
             self._install_signals(loop)
-        supervise = self.supervisor.start
-        loops = [
-            supervise("waker", self.waker.run),
-            supervise("finisher", self.finisher.run),
-            supervise("heartbeat", self.heartbeat.run),
-            *(supervise(name, loop) for name, loop in self.expiry.loops()),
-        ]
-        for hook in self.startup:
+        ctx.supervise("waker", self.waker.run)
+        ctx.supervise("finisher", self.finisher.run)
+        ctx.supervise("heartbeat", self.heartbeat.run)
+        for name, bell_loop in self.expiry.loops():
+            ctx.supervise(name, bell_loop)
+        for hook in ctx.startup:
             try:
-                await hook(self)
+                await hook(ctx)
             except Exception:
                 log.exception("start-up hook %r failed; serving anyway", hook)
-        claim_loop = supervise("claim", functools.partial(self._claim_loop, lease_ms))
+        claim_loop = self.supervisor.start(
+            "claim", functools.partial(self._claim_loop, stopping, lease_ms)
+        )
         if self._stop_requested.is_set():
             self._begin_stop()
         log.info(
@@ -345,6 +361,7 @@ class Worker:
             await claim_loop
         finally:
             await self._shutdown()
+            loops = list(ctx.loops)  # the cron ticker too, started by a start-up hook
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -375,9 +392,8 @@ class Worker:
 
     # -- the claim loop ------------------------------------------------------------------------
 
-    async def _claim_loop(self, lease_ms: int) -> None:
+    async def _claim_loop(self, stopping: asyncio.Event, lease_ms: int) -> None:
         loop = asyncio.get_running_loop()
-        assert self._stopping is not None
         cores = self.queue.shards.cores
         # Per shard: the loop time its earliest due task or lease deadline falls due (inf:
         # nothing known), and when it was last looked at. One shard: looked at every time.
@@ -388,7 +404,7 @@ class Worker:
         backoff = [0.1] * len(cores)
         resting_until = [0.0] * len(cores)
         turn = 0  # which shard goes first: rotates, so no shard's backlog starves another
-        while not self._stopping.is_set():
+        while not stopping.is_set():
             free = self.runs.room()
             if free <= 0:
                 # Full: announcements do not matter until a handler finishes and pokes. Any
@@ -501,16 +517,6 @@ class Worker:
     def _to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
 
-    async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
-        log.error("task %s is dead: %s", task_id, reason.splitlines()[0] if reason else "")
-        for hook in self.registry.on_dead:
-            try:
-                result = hook(task_id, reason, task)
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception:
-                log.exception("on_dead hook %r failed", hook)
-
     # -- shutdown ---------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
@@ -530,3 +536,18 @@ class Worker:
             )
         with contextlib.suppress(DelayqError):
             await self.runner.run(leasing.unregister(self.core, self.id))
+
+
+class _WorkerHook:
+    """A function given to :meth:`Worker.on_startup`: awaited with the worker, not the
+    context."""
+
+    def __init__(self, fn: Callable[[Worker], Awaitable[None]], worker: Worker) -> None:
+        self.fn = fn
+        self.worker = worker
+
+    def __call__(self, ctx: WorkerContext) -> Awaitable[None]:
+        return self.fn(self.worker)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)

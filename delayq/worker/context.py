@@ -1,0 +1,157 @@
+"""What the worker's parts share while it serves: the :class:`WorkerContext`.
+
+The engine (``execute.py``) and the features built on it (``cron/worker.py``,
+``expiring/worker.py``) receive the context, never the :class:`~delayq.worker.Worker`; this
+module imports none of them. It also holds the one way a handler is called
+(:meth:`WorkerContext.invoke`: on the loop or in a handler thread, with its timeout) and the
+one reading of what a handler's exception means (:func:`classify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from delayq.core import QueueCore
+from delayq.errors import Defer, Discard, Fail, Retry
+from delayq.runner import AsyncRunner
+from delayq.shards import Shards
+from delayq.task import Task
+from delayq.worker.clock import ServerClock
+from delayq.worker.events import Events
+from delayq.worker.registry import HandlerFn, Registry
+from delayq.worker.supervise import Supervisor
+from delayq.worker.threads import HandlerThreads
+from delayq.worker.waker import Waker
+
+StartupHook = Callable[["WorkerContext"], Awaitable[None]]
+Loop = Callable[[], Coroutine[Any, Any, None]]
+
+
+class Invocable(Protocol):
+    """What :meth:`WorkerContext.invoke` calls: a registry :class:`Handler`, a schedule's
+    function, an expiry callback."""
+
+    @property
+    def fn(self) -> HandlerFn: ...
+
+    @property
+    def is_async(self) -> bool: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What an exception from a handler means for its task (execute.py's docstring)."""
+
+    outcome: Literal["deferred", "discarded", "dead", "retrying"]
+    error: str  # one line: how the outcome is recorded ("" for a deferral)
+    failed: bool = False  # a failure of the handler: reported as a "failed" event
+    due_ms: int = 0  # deferred: run again this many ms from now
+    after: float | None = None  # retrying: the delay the handler asked for (Retry(after=))
+    # dead: why; None for an exception the handler did not mean (its traceback says why)
+    reason: str | None = None
+
+
+def classify(e: BaseException, task: Task) -> Verdict:
+    """Whether the attempt that raised ``e`` leaves ``task`` deferred, discarded, dead or to
+    be retried, and the error recorded: ``Defer`` hands it back without using an attempt,
+    ``Discard`` ends it, ``Fail`` buries it, ``Retry`` and any other exception retry it while
+    attempts are left."""
+    if isinstance(e, Defer):
+        return Verdict("deferred", "", due_ms=max(e.after_ms, 1))
+    if isinstance(e, Discard):
+        return Verdict("discarded", e.reason)
+    if isinstance(e, Fail):
+        reason = f"Fail: {e.reason or 'no reason given'}"
+        return Verdict("dead", f"Fail: {e.reason}", failed=True, reason=reason)
+    will_retry = task.attempt < task.max_attempts
+    if isinstance(e, Retry):
+        if will_retry:
+            return Verdict("retrying", f"Retry: {e}", after=e.after)
+        reason = f"Retry requested, but no attempts left: {e}"
+        return Verdict("dead", f"Retry: {e}", reason=reason)
+    return Verdict("retrying" if will_retry else "dead", f"{type(e).__name__}: {e}", failed=True)
+
+
+class WorkerContext:
+    """The runtime of one serving worker, built once when serving begins.
+
+    Holds the queue's shards (``core`` is the home shard), the runner, the handler threads,
+    the server clock, the ``stopping`` event (set when the worker begins to shut down), the
+    handler registry, the start-up hooks (each awaited with the context, in order, before
+    the first claim), the event listeners, the wake-up listener and the worker's id.
+    """
+
+    def __init__(
+        self,
+        *,
+        shards: Shards,
+        runner: AsyncRunner,
+        threads: HandlerThreads,
+        clock: ServerClock,
+        stopping: asyncio.Event,
+        registry: Registry,
+        startup: list[StartupHook],
+        events: Events,
+        waker: Waker,
+        supervisor: Supervisor,
+        worker_id: str,
+    ) -> None:
+        self.shards = shards
+        self.core: QueueCore = shards.home
+        self.runner = runner
+        self.threads = threads
+        self.clock = clock
+        self.stopping = stopping
+        self.registry = registry
+        self.startup = startup
+        self.events = events
+        self.waker = waker
+        self.supervisor = supervisor
+        self.worker_id = worker_id
+        # The background loops, each under supervision: cancelled when the worker exits.
+        self.loops: list[asyncio.Task[None]] = []
+
+    classify = staticmethod(classify)
+
+    def stop(self) -> None:
+        """Begin the shutdown: ``stopping`` is set and the claim loop woken to see it."""
+        self.stopping.set()
+        self.waker.poke()
+
+    def supervise(self, name: str, loop: Loop) -> asyncio.Task[None]:
+        """Run ``loop()`` under the worker's supervision (restarted when it raises; one that
+        keeps failing stops the worker with WorkerFailed); cancelled when the worker exits."""
+        task = self.supervisor.start(name, loop)
+        self.loops.append(task)
+        return task
+
+    async def invoke(
+        self, handler: Invocable, task: Task, arg: Any = None, what: str = "handler"
+    ) -> Any:
+        """Call ``handler.fn(arg)`` (``arg`` None: the task) and return its result: an async
+        function on the loop, a sync one in a handler thread; past ``handler.timeout`` an
+        async one is cancelled, a sync one (a thread cannot be stopped) has its result
+        ignored and ``task.lease_lost`` set, so a cooperative function gives up."""
+        if arg is None:
+            arg = task
+        if handler.is_async:
+            coro = handler.fn(arg)
+            if handler.timeout is None:
+                return await coro
+            return await asyncio.wait_for(coro, handler.timeout)
+        fut = self.threads.submit(handler.fn, arg)
+        if handler.timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), handler.timeout)
+        except TimeoutError:
+            task.lease_lost.set()
+            raise TimeoutError(
+                f"{what} took longer than its timeout of {handler.timeout} s"
+            ) from None
