@@ -185,11 +185,13 @@ def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
             )
 
 
-def _s(value: Any) -> str:
+def as_str(value: Any) -> str:
+    """A reply's value as text (replies come as bytes; tests may pass str)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _b(value: Any) -> bytes:
+def as_bytes(value: Any) -> bytes:
+    """A reply's value as bytes."""
     return value if isinstance(value, bytes) else str(value).encode()
 
 
@@ -288,7 +290,7 @@ class QueueCore:
         return self.op(
             "schedule",
             {
-                "now": _now_arg(now_ms),
+                "now": now_arg(now_ms),
                 "dedupe_ms": self.dedupe_ms,
                 "replace": "1" if replace else "0",
                 "channel": self.keys.wake_channel,
@@ -314,7 +316,7 @@ class QueueCore:
         return self.op(
             "reschedule",
             {
-                "now": _now_arg(now_ms),
+                "now": now_arg(now_ms),
                 "channel": self.keys.wake_channel,
                 "id": validate_task_id(task_id),
                 "due": due_spec(delay, at),
@@ -332,7 +334,9 @@ class QueueCore:
             if not reply:
                 return None
             state, score, record, error, attempt = reply  # _GET's head
-            return self.task_info(tid, _s(state), float(score), _b(record), error, attempt)
+            return self.task_info(
+                tid, as_str(state), float(score), as_bytes(record), error, attempt
+            )
 
         return self.op("get", {"id": tid}, [], parse)
 
@@ -341,7 +345,7 @@ class QueueCore:
     ) -> TaskInfo:
         """Build a TaskInfo from what the scripts return (record, last error, attempt state);
         an undecodable record still shows."""
-        last_error = _s(err) if err else None
+        last_error = as_str(err) if err else None
         when = ms_to_datetime(score)
         try:
             header, data = split_record(record)
@@ -361,7 +365,7 @@ class QueueCore:
                 finished_at=when if state in ("done", "dead") else None,
                 queue=self.name,
             )
-        run = Attempt.parse(_b(attempt) if attempt else None)
+        run = Attempt.parse(as_bytes(attempt) if attempt else None)
         try:
             payload = decode_payload(header, data, self.codecs)
         except RecordError as e:
@@ -389,7 +393,7 @@ class QueueCore:
                 : _STATS.head
             ]
             now, head = float(now_ms), float(head_due)
-            counters = {_s(name): int(value) for name, value in _STATS.rows(r)}
+            counters = {as_str(name): int(value) for name, value in _STATS.rows(r)}
             counters.pop("claim_seq", None)
             return QueueStats(
                 queue=self.name,
@@ -403,10 +407,10 @@ class QueueCore:
                 next_lease_deadline=_ms_or_none(next_lease),
                 counters=counters,
                 now=ms_to_datetime(now),
-                expiry_mode=_s(expiry_mode) or None,
+                expiry_mode=as_str(expiry_mode) or None,
             )
 
-        return self.op("stats", {"now": _now_arg(now_ms)}, [], parse)
+        return self.op("stats", {"now": now_arg(now_ms)}, [], parse)
 
     def shard_count(self, want: int, *, store: bool = True) -> Op[int]:
         """The queue's stored shard count, storing ``want`` if none is and nothing waits
@@ -419,7 +423,9 @@ class QueueCore:
 
         def parse(r: Any) -> list[TaskInfo]:
             return [
-                self.task_info(_s(id), "dead", float(died), _b(record or b""), error, attempt)
+                self.task_info(
+                    as_str(id), "dead", float(died), as_bytes(record or b""), error, attempt
+                )
                 for id, died, record, error, attempt in _DEAD.rows(r)
             ]
 
@@ -440,7 +446,7 @@ class QueueCore:
 
         def parse(r: Any) -> list[SeekRow]:
             return [
-                SeekRow(_s(id), _s(score), _b(record or b""), error, attempt)
+                SeekRow(as_str(id), as_str(score), as_bytes(record or b""), error, attempt)
                 for id, score, record, error, attempt in _SEEK.rows(r)
             ]
 
@@ -460,7 +466,7 @@ class QueueCore:
         rest: list[Arg] = [validate_task_id(i) for i in ids] if ids is not None else []
         return self.op(
             "replay",
-            {"now": _now_arg(now_ms), "channel": self.keys.wake_channel, "limit": limit},
+            {"now": now_arg(now_ms), "channel": self.keys.wake_channel, "limit": limit},
             rest,
             int,
         )
@@ -484,16 +490,16 @@ class QueueCore:
         def parse(r: Any) -> list[WorkerInfo]:
             now = float(r[_WORKERS_NOW])
             return [
-                parse_worker(_s(id), float(seen), info, now, self.name)
+                parse_worker(as_str(id), float(seen), info, now, self.name)
                 for id, seen, info in _WORKERS.rows(r)
             ]
 
-        return self.op("workers", {"now": _now_arg(now_ms), "limit": limit}, [], parse)
+        return self.op("workers", {"now": now_arg(now_ms), "limit": limit}, [], parse)
 
     def reap(self, *, limit: int = 1000, now_ms: int | None = None) -> Op[int]:
         return self.op(
             "reap",
-            {"now": _now_arg(now_ms), "limit": limit, "channel": self.keys.wake_channel},
+            {"now": now_arg(now_ms), "limit": limit, "channel": self.keys.wake_channel},
             [],
             int,
         )
@@ -521,7 +527,8 @@ def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str)
     )
 
 
-def _now_arg(now_ms: int | None) -> str | int:
+def now_arg(now_ms: int | None) -> str | int:
+    """A script's ``now`` argument: empty for the server's TIME, else the given ms."""
     return "" if now_ms is None else int(now_ms)
 
 

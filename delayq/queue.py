@@ -50,6 +50,7 @@ from delayq.timing import Duration, seconds
 
 T = TypeVar("T")
 C = TypeVar("C", redis.Redis, aredis.Redis)
+R = TypeVar("R", SyncRunner, AsyncRunner)
 
 SCHEDULE_BATCH = 1000  # tasks per script call in schedule_many
 CALLS_PER_ROUND_TRIP = 8
@@ -335,11 +336,17 @@ class _Base(Generic[C]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
+    _runner: Any = None  # made once per client
+
+    def _runner_of(self, make: Callable[[C], R]) -> R:
+        runner = self._runner
+        if runner is None or runner.client is not self.client:
+            runner = self._runner = make(self.client)
+        return runner  # type: ignore[no-any-return]
+
 
 class Queue(_Base[redis.Redis]):
     """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
-
-    _sync_runner: SyncRunner | None = None  # made once per client (see runner)
 
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
@@ -352,10 +359,7 @@ class Queue(_Base[redis.Redis]):
     @property
     def runner(self) -> SyncRunner:
         """Runs script calls and plans on this queue's connection (no shard count check)."""
-        runner = self._sync_runner
-        if runner is None or runner.client is not self.client:
-            runner = self._sync_runner = SyncRunner(self.client)
-        return runner
+        return self._runner_of(SyncRunner)
 
     def drive(self, plan: Plan[T]) -> T:
         """Run a plan (``delayq.runner``) on this queue's connection: ``checked`` ones, the
@@ -467,8 +471,6 @@ class Queue(_Base[redis.Redis]):
 class AsyncQueue(_Base[aredis.Redis]):
     """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
 
-    _async_runner: AsyncRunner | None = None
-
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)
 
@@ -478,10 +480,7 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     @property
     def runner(self) -> AsyncRunner:
-        runner = self._async_runner
-        if runner is None or runner.client is not self.client:
-            runner = self._async_runner = AsyncRunner(self.client)
-        return runner
+        return self._runner_of(AsyncRunner)
 
     async def drive(self, plan: Plan[T]) -> T:
         """Run a plan on this queue's connection (see :meth:`Queue.drive`)."""

@@ -63,7 +63,7 @@ def translate(exc: Exception, client: Any) -> Exception:
         )
         return ConnectionFailed(f"cannot reach Redis at {describe(client)} ({exc}); {fix}")
     if isinstance(exc, ResponseError):
-        return ScriptError(f"Redis refused a delayq script: {exc}")
+        return ScriptError(f"Redis refused delayq's call: {exc}")  # names its script, if any
     return exc
 
 

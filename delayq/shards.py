@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from delayq.core import Op, QueueCore, SeekRow, validate_task_id
-from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
 from delayq.task import QueueStats, TaskInfo, TaskPage
 
@@ -92,12 +92,7 @@ class Shards:
         (0) passes and checks again next time."""
         if stored == 0:
             return
-        if stored < 0:
-            raise ConfigurationError(
-                f"queue {self.home.name!r} is being resharded (the key {self.root.keys.shards} "
-                "has a 'moving' field): finish it with `delayq reshard`, then open the queue "
-                "with the new shard count"
-            )
+        raise_for("shards", stored, queue=self.home.name, key=self.root.keys.shards)
         if stored != self.n:
             name = self.home.name
             raise ConfigurationError(

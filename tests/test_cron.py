@@ -34,8 +34,9 @@ from delayq.cron.schedules import (
 )
 from delayq.runner import SyncRunner
 from tests.conftest import WorkerThread
-from tests.helpers import wait_for
 from tests.support.apps.cron_app import runs_key
+
+from .support.helpers import wait_for
 
 NY = ZoneInfo("America/New_York")
 MIN = 60_000

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import redact, resolve_url, sync_client
-from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, _b, _s, check_page
+from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, as_bytes, as_str, check_page
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
 from delayq.queue import Queue
@@ -122,7 +122,7 @@ def page(
 
     def parse(r: Any) -> list[TaskInfo]:
         return [
-            core.task_info(_s(id), state, float(score), _b(record or b""), error, attempt)
+            core.task_info(as_str(id), state, float(score), as_bytes(record or b""), error, attempt)
             for id, score, record, error, attempt in _PAGE.rows(r)
         ]
 
@@ -159,7 +159,7 @@ def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
             due = float(due_ms)
             out.append(
                 Finished(
-                    _s(kind),
+                    as_str(kind),
                     ms_to_datetime(due) if due >= 0 else None,
                     ms_to_datetime(float(finished)),
                 )
@@ -245,7 +245,7 @@ class Admin:
             for _ in range(DISCOVERY_SCAN_CALLS):
                 cursor, keys = self.client.scan(cursor, match=base + ":*", count=1000)
                 for key in keys:
-                    name = _s(key)[len(head) :].partition(tail)[0]
+                    name = as_str(key)[len(head) :].partition(tail)[0]
                     try:
                         found.add(validate_queue_name(name))
                     except ValueError:

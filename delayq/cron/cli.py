@@ -8,12 +8,11 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from delayq.connection import URL_ENV
+from delayq.admin.present import relative
+from delayq.cli.common import QUEUE_ENV, json_option, queue_option, url_option
 from delayq.cron import ops as cron_ops
 from delayq.errors import DelayqError
 from delayq.queue import Queue
-
-QUEUE_ENV = "DELAYQ_QUEUE"
 
 
 def _open(queue: str | None, url: str | None) -> Queue:
@@ -33,26 +32,11 @@ def _read(q: Queue) -> cron_ops.CronState:
         raise click.ClickException(str(e)) from None
 
 
-def _ago(when: datetime, now: datetime) -> str:
-    s = (when - now).total_seconds()
-    a = abs(s)
-    text = (
-        f"{a:.0f}s"
-        if a < 90
-        else f"{a / 60:.0f}m"
-        if a < 5400
-        else f"{a / 3600:.0f}h"
-        if a < 172800
-        else f"{a / 86400:.0f}d"
-    )
-    return f"in {text}" if s >= 0 else f"{text} ago"
-
-
 def _when(when: datetime | None, tz: str | None, now: datetime) -> str:
     if when is None:
         return "-"
     local = when.astimezone(ZoneInfo(tz)) if tz else when
-    return f"{local.strftime('%Y-%m-%d %H:%M:%S%z')} ({_ago(when, now)})"
+    return f"{local.strftime('%Y-%m-%d %H:%M:%S%z')} ({relative(when, now)})"
 
 
 def _note(info: cron_ops.ScheduleInfo) -> str:
@@ -81,21 +65,10 @@ def cron() -> None:
     """Periodic schedules (declared with @worker.cron / @worker.every)."""
 
 
-queue_option = click.option(
-    "--queue", "-q", envvar=QUEUE_ENV, metavar="NAME", help=f"The queue [default: ${QUEUE_ENV}]."
-)
-url_option = click.option(
-    "--url",
-    default=None,
-    metavar="URL",
-    help=f"Redis URL [default: ${URL_ENV[0]}, else ${URL_ENV[1]}, else localhost].",
-)
-
-
 @cron.command("list")
 @queue_option
 @url_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def list_(queue: str | None, url: str | None, as_json: bool) -> None:
     """Each schedule: its expression, next run, last run and how it ended."""
     q = _open(queue, url)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from delayq.core import Op, QueueCore, TaskSpec, _now_arg
+from delayq.core import Op, QueueCore, TaskSpec, as_bytes, as_str, now_arg
 from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
 from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
@@ -32,14 +32,6 @@ _SYNC.require_row("applied")
 
 READ_LIMIT = 10_000  # schedules per queue read in one call
 ERROR_CHARS = 500  # of the last error kept in the metadata
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _b(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _encode(meta: dict[str, Any]) -> str:
@@ -71,17 +63,17 @@ def read(core: QueueCore, *, limit: int = READ_LIMIT, now_ms: int | None = None)
     def parse(r: Any) -> CronState:
         stored = {}
         for name_b, meta, state, _score in _READ.rows(r):
-            name, raw = _s(name_b), _b(meta)
+            name, raw = as_str(name_b), as_bytes(meta)
             try:
                 data = json.loads(raw)
             except ValueError:
                 data = {}
             if not isinstance(data, dict):
                 data = {}
-            stored[name] = Stored(name, raw, data, _s(state))
+            stored[name] = Stored(name, raw, data, as_str(state))
         return CronState(int(r[_READ_NOW]), stored)
 
-    return core.op("cron_read", {"now": _now_arg(now_ms), "limit": limit}, [], parse)
+    return core.op("cron_read", {"now": now_arg(now_ms), "limit": limit}, [], parse)
 
 
 def definition(sched: Schedule) -> dict[str, Any]:
@@ -119,7 +111,7 @@ def start(
     return core.op(
         "cron_next",
         {
-            "now": _now_arg(now_ms),
+            "now": now_arg(now_ms),
             "channel": core.keys.wake_channel,
             "name": sched.name,
             "id": task_id,
@@ -131,7 +123,7 @@ def start(
             "init": _encode(definition(sched)),
         },
         occurrence_task(core, sched, decision.successor),
-        _s,
+        as_str,
     )
 
 
@@ -141,7 +133,7 @@ def outcomes(
     """items: (schedule name, occurrence id, status, error)."""
     rest: list[Arg] = [x for n, i, s, e in items for x in (n, i, s, escape(e, ERROR_CHARS))]
     return core.op(
-        "cron_outcome", {"now": _now_arg(now_ms), "channel": core.keys.wake_channel}, rest, int
+        "cron_outcome", {"now": now_arg(now_ms), "channel": core.keys.wake_channel}, rest, int
     )
 
 

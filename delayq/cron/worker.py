@@ -41,7 +41,14 @@ from delayq.cron.schedules import (
     occurrence_of,
     validate_name,
 )
-from delayq.errors import ConfigurationError, Defer, DelayqError, Discard, Fail, LeaseLost
+from delayq.errors import (
+    ConfigurationError,
+    Defer,
+    DelayqError,
+    Discard,
+    Fail,
+    raise_for,
+)
 from delayq.task import Task
 from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
@@ -233,7 +240,7 @@ class Schedules:
             await asyncio.sleep(pause)
         if status == "lost":
             task.lease_lost.set()
-            raise LeaseLost(f"lease of occurrence {task.id} was lost before it started")
+            raise_for("cron_next", status, id=task.id)
         if status in ("busy", "waiting"):
             # max_running runs are on: wait (delay, not skip). The running one's outcome moves
             # this back to now; the deferral is the fallback, longer the longer it waits.

@@ -36,7 +36,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import describe
-from delayq.errors import ConnectionFailed, Defer, DelayqError, Discard, Fail
+from delayq.errors import ConnectionFailed, Defer, DelayqError, Fail, raise_for
 from delayq.expiring import ops as expiring
 from delayq.expiring.bells import ClusterBells
 from delayq.expiring.facade import Expired, Via
@@ -154,8 +154,7 @@ class ExpiryWatcher:
                 # (the callback has not run).
                 log.info("could not confirm the expiry of %r (%s); looking again", key, e)
                 raise Defer(CONFIRM_RETRY_MS) from e
-            if status == expiring.LOST:
-                raise Discard(f"the expiry of {key!r} was superseded before its deadline")
+            raise_for("expire_confirm", status, key=key)
             if status == expiring.MOVED:
                 return  # set again after this expiry: a live key holds the newer value
             if 0 <= pttl <= SHORT_WAIT_MS:  # a hair early (clock granularity): look again
