@@ -26,7 +26,7 @@ from delayq.worker.clock import ServerClock
 from delayq.worker.context import WorkerContext
 from delayq.worker.events import Events
 from delayq.worker.execute import Executor
-from delayq.worker.outcome import Outcome, _op
+from delayq.worker.outcome import Outcome, outcome_op
 from delayq.worker.registry import Registry, make_handler
 from delayq.worker.runs import Runs
 
@@ -130,7 +130,7 @@ def worker_side(rep: Report, n: int) -> None:
 
     from delayq.connection import hiredis_packing
 
-    ack = _op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
+    ack = outcome_op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
     conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     t0 = time.process_time()
     for _ in range(20):

@@ -24,8 +24,7 @@ from typing import Any
 
 from lifeline import stop_worker_when_orphaned
 
-from delayq import Queue, Task, Worker
-from delayq.expiring.facade import Expired
+from delayq import Expired, Queue, Task, Worker
 
 
 def parse_args() -> argparse.Namespace:

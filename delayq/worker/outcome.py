@@ -31,7 +31,7 @@ class Outcome(NamedTuple):
     text: str = ""  # retry: error; bury: reason
 
 
-def _op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
+def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
     leases = [(o.id, o.token) for o in items]
     if action in ("ack", "discard"):
         return leasing.ack(core, leases, discarded=action == "discard")
@@ -97,7 +97,7 @@ class Finisher:
                     by.setdefault(o.action, []).append(o)
             for action, items in by.items():
                 for i in range(0, len(items), 1000):
-                    ops.append(_op(core, action, items[i : i + 1000]))
+                    ops.append(outcome_op(core, action, items[i : i + 1000]))
         return ops
 
     async def run(self) -> None:
