@@ -32,7 +32,7 @@ from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_na
 from delayq.scripts import SCRIPTS, Arg, Script
 from delayq.task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
 from delayq.text import check as check_text
-from delayq.timing import Duration, due_spec, ms_to_datetime, seconds
+from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds
 
 T = TypeVar("T")
 
@@ -213,6 +213,7 @@ class QueueCore:
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
         shard: int = 0,
         shards: int = 1,
+        clock: Clock | None = None,
     ) -> None:
         self.name = validate_queue_name(name)
         self.shard = shard
@@ -226,6 +227,28 @@ class QueueCore:
         self.max_payload = max_payload
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self._prefixes: dict[tuple[str, int], bytes] = {}
+        self.clock = clock
+
+    def now_arg(self, now_ms: int | None = None) -> str | int:
+        """A script's ``now`` argument: the given ms, else the queue's clock when it has one
+        (a test's virtual clock), else empty: the server's TIME."""
+        if now_ms is not None:
+            return int(now_ms)
+        clock = self.clock
+        return "" if clock is None else clock.now_ms()
+
+    def wall_ms(self) -> int:
+        """Now as Python takes it (a record's created time): the queue's clock, else this
+        machine's."""
+        clock = self.clock
+        return int(time.time() * 1000) if clock is None else clock.now_ms()
+
+    def server_ms(self, ms: int) -> int:
+        """A time on the queue's clock as one on the server's (a key's PXAT): the same,
+        unless the queue has a virtual clock; then as far from the server's now as it is
+        from the virtual now, so a test's keys expire when drain() says, not before."""
+        clock = self.clock
+        return ms if clock is None else ms - clock.now_ms() + int(time.time() * 1000)
 
     def op(
         self,
@@ -257,7 +280,7 @@ class QueueCore:
         """Validate and encode tasks: (ids, flat id/due/record triples). Raises on the first
         bad task, before anything is sent."""
         generated = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
-        created = str(int(time.time() * 1000)).encode() + b"}\n"
+        created = str(self.wall_ms()).encode() + b"}\n"
         ids: list[str] = []
         rest: list[Arg] = []
         for spec in specs:
@@ -290,7 +313,7 @@ class QueueCore:
         return self.op(
             "schedule",
             {
-                "now": now_arg(now_ms),
+                "now": self.now_arg(now_ms),
                 "dedupe_ms": self.dedupe_ms,
                 "replace": "1" if replace else "0",
                 "channel": self.keys.wake_channel,
@@ -316,7 +339,7 @@ class QueueCore:
         return self.op(
             "reschedule",
             {
-                "now": now_arg(now_ms),
+                "now": self.now_arg(now_ms),
                 "channel": self.keys.wake_channel,
                 "id": validate_task_id(task_id),
                 "due": due_spec(delay, at),
@@ -410,7 +433,7 @@ class QueueCore:
                 expiry_mode=as_str(expiry_mode) or None,
             )
 
-        return self.op("stats", {"now": now_arg(now_ms)}, [], parse)
+        return self.op("stats", {"now": self.now_arg(now_ms)}, [], parse)
 
     def shard_count(self, want: int, *, store: bool = True) -> Op[int]:
         """The queue's stored shard count, storing ``want`` if none is and nothing waits
@@ -466,7 +489,7 @@ class QueueCore:
         rest: list[Arg] = [validate_task_id(i) for i in ids] if ids is not None else []
         return self.op(
             "replay",
-            {"now": now_arg(now_ms), "channel": self.keys.wake_channel, "limit": limit},
+            {"now": self.now_arg(now_ms), "channel": self.keys.wake_channel, "limit": limit},
             rest,
             int,
         )
@@ -494,12 +517,12 @@ class QueueCore:
                 for id, seen, info in _WORKERS.rows(r)
             ]
 
-        return self.op("workers", {"now": now_arg(now_ms), "limit": limit}, [], parse)
+        return self.op("workers", {"now": self.now_arg(now_ms), "limit": limit}, [], parse)
 
     def reap(self, *, limit: int = 1000, now_ms: int | None = None) -> Op[int]:
         return self.op(
             "reap",
-            {"now": now_arg(now_ms), "limit": limit, "channel": self.keys.wake_channel},
+            {"now": self.now_arg(now_ms), "limit": limit, "channel": self.keys.wake_channel},
             [],
             int,
         )
@@ -525,11 +548,6 @@ def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str)
         last_seen=ms_to_datetime(seen_ms),
         alive=now_ms - seen_ms <= 3 * beat * 1000,
     )
-
-
-def now_arg(now_ms: int | None) -> str | int:
-    """A script's ``now`` argument: empty for the server's TIME, else the given ms."""
-    return "" if now_ms is None else int(now_ms)
 
 
 def _state(state: str) -> State:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq.codec import Header
-from delayq.core import Op, QueueCore, now_arg
+from delayq.core import Op, QueueCore
 from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
 
@@ -103,7 +103,7 @@ def claim(
     return core.op(
         "claim",
         {
-            "now": now_arg(now_ms),
+            "now": core.now_arg(now_ms),
             "lookahead_ms": lookahead_ms,
             "limit": min(limit, MAX_CLAIM),
             "lease_ms": lease_ms,
@@ -135,7 +135,7 @@ def ack(
     return core.op(
         "ack",
         {
-            "now": now_arg(now_ms),
+            "now": core.now_arg(now_ms),
             "dedupe_ms": core.dedupe_ms,
             "counter": "discarded" if discarded else "succeeded",
             "trim_limit": trim,
@@ -150,7 +150,8 @@ def retry(
 ) -> Op[list[str]]:
     """items: (id, token, due spec, error text); the text is escaped (text.escape)."""
     rest: list[Arg] = [x for i, t, d, e in items for x in (i, t, d, escape(e))]
-    return core.op("retry", {"now": now_arg(now_ms), "channel": core.keys.wake_channel}, rest, _ids)
+    args: dict[str, Arg] = {"now": core.now_arg(now_ms), "channel": core.keys.wake_channel}
+    return core.op("retry", args, rest, _ids)
 
 
 def bury(
@@ -158,7 +159,7 @@ def bury(
 ) -> Op[list[str]]:
     """items: (id, token, reason); the reason is escaped (text.escape)."""
     rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
-    return core.op("bury", {"now": now_arg(now_ms)}, rest, _ids)
+    return core.op("bury", {"now": core.now_arg(now_ms)}, rest, _ids)
 
 
 def release(
@@ -174,7 +175,10 @@ def release(
         raise ValueError("release needs one due per lease")
     items = [(tid, token, due) for (tid, token), due in zip(leases, due_list, strict=True)]
     return core.op(
-        "release", {"now": now_arg(now_ms), "channel": core.keys.wake_channel}, _flat(items), _ids
+        "release",
+        {"now": core.now_arg(now_ms), "channel": core.keys.wake_channel},
+        _flat(items),
+        _ids,
     )
 
 
@@ -189,7 +193,7 @@ def extend(
 ) -> Op[list[str]]:
     """Heartbeat: extend held leases (and refresh the worker's registration)."""
     args: dict[str, Arg] = {
-        "now": now_arg(now_ms),
+        "now": core.now_arg(now_ms),
         "lease_ms": lease_ms,
         "worker": worker,
         "worker_info": worker_info,

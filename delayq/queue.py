@@ -46,7 +46,7 @@ from delayq.shards import (
     stored_count,
 )
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
-from delayq.timing import Duration, seconds
+from delayq.timing import Clock, Duration, seconds
 
 T = TypeVar("T")
 C = TypeVar("C", redis.Redis, aredis.Redis)
@@ -133,6 +133,9 @@ class _Base(Generic[C]):
             its primaries); every process must open the queue with the same number.
             ``"stored"`` (``Queue`` only): the number the queue stored (1 if none), read when
             the queue is opened, for tools that open a queue someone else split.
+        clock: for tests, a ``delayq.testing.VirtualClock``: every time this queue and a
+            worker on it use (due times, leases, backoff, the dedupe window, cron, expiring
+            keys) is read from it instead of the server's clock (docs/testing.md).
     """
 
     def __init__(
@@ -148,7 +151,13 @@ class _Base(Generic[C]):
         durable_timeout: Duration | None = None,
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
+        clock: Clock | None = None,
     ) -> None:
+        if clock is not None and not callable(getattr(clock, "now_ms", None)):
+            raise ConfigurationError(
+                f"clock must be a delayq.testing.VirtualClock (anything with now_ms()), got "
+                f"{clock!r}"
+            )
         if isinstance(durable_replicas, bool) or not isinstance(durable_replicas, int):
             raise ConfigurationError(f"durable_replicas must be an int, got {durable_replicas!r}")
         if durable_replicas < 0:
@@ -160,7 +169,11 @@ class _Base(Generic[C]):
         self.durable_ms = max(1, round(seconds(durable_timeout, "durable_timeout") * 1000))
         self.durable = Durable(self.durable_ms, durable_replicas)
         options: dict[str, Any] = dict(
-            prefix=prefix, codec=codec, max_payload=max_payload, dedupe_window=dedupe_window
+            prefix=prefix,
+            codec=codec,
+            max_payload=max_payload,
+            dedupe_window=dedupe_window,
+            clock=clock,
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home

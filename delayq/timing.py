@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from delayq.errors import InvalidTaskError
 
@@ -94,3 +95,10 @@ def parse_duration(text: str) -> float:
             "(ms, s, m, h, d), e.g. 90s, 15m, 2h"
         )
     return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+class Clock(Protocol):
+    """A queue's clock when it is not the server's: ``delayq.testing.VirtualClock``. Every
+    script takes its ``now`` from it (see ``QueueCore.now_arg``)."""
+
+    def now_ms(self) -> int: ...

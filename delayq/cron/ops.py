@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from delayq.core import Op, QueueCore, TaskSpec, as_bytes, as_str, now_arg
+from delayq.core import Op, QueueCore, TaskSpec, as_bytes, as_str
 from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
 from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
@@ -73,7 +73,7 @@ def read(core: QueueCore, *, limit: int = READ_LIMIT, now_ms: int | None = None)
             stored[name] = Stored(name, raw, data, as_str(state))
         return CronState(int(r[_READ_NOW]), stored)
 
-    return core.op("cron_read", {"now": now_arg(now_ms), "limit": limit}, [], parse)
+    return core.op("cron_read", {"now": core.now_arg(now_ms), "limit": limit}, [], parse)
 
 
 def definition(sched: Schedule) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def start(
     return core.op(
         "cron_next",
         {
-            "now": now_arg(now_ms),
+            "now": core.now_arg(now_ms),
             "channel": core.keys.wake_channel,
             "name": sched.name,
             "id": task_id,
@@ -133,7 +133,7 @@ def outcomes(
     """items: (schedule name, occurrence id, status, error)."""
     rest: list[Arg] = [x for n, i, s, e in items for x in (n, i, s, escape(e, ERROR_CHARS))]
     return core.op(
-        "cron_outcome", {"now": now_arg(now_ms), "channel": core.keys.wake_channel}, rest, int
+        "cron_outcome", {"now": core.now_arg(now_ms), "channel": core.keys.wake_channel}, rest, int
     )
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -214,13 +213,6 @@ class Schedules:
             raise RuntimeError("the schedules' worker is not serving")
         return self._ctx
 
-    def _now_ms(self) -> int:
-        """The server's clock as the worker tracks it (no round trip)."""
-        offset = self.ctx.clock.offset
-        if offset is None:
-            return round(time.time() * 1000)
-        return round((asyncio.get_running_loop().time() + offset) * 1000)
-
     async def run(self, entry: _Entry, task: Task) -> None:
         sched = entry.sched
         occurrence = occurrence_of(task.id)
@@ -228,7 +220,7 @@ class Schedules:
             raise Fail(f"task id {task.id!r} is not an occurrence of schedule {sched.name!r}")
         ctx = self.ctx
         for i, pause in enumerate(QUICK_RETRIES):
-            now = self._now_ms()
+            now = ctx.now_ms()
             decision = sched.decide(occurrence, now)
             op = cron_ops.start(ctx.core, sched, task.id, task.token, occurrence, decision)
             status = await ctx.runner.run(op)

@@ -62,7 +62,7 @@ def set_plan(queue: PlanHost, key: str, value: Any, ttl: Duration) -> Plan[datet
     core = queue.core
     data = encode_value(core, value)
     deadline = yield from queue.checked(set_op(core, key, data, ttl), write=True)
-    yield from command("SET", key, data, "PXAT", deadline)
+    yield from command("SET", key, data, "PXAT", core.server_ms(deadline))
     return ms_to_datetime(deadline)
 
 
@@ -70,7 +70,7 @@ def touch_plan(queue: PlanHost, key: str, ttl: Duration) -> Plan[bool]:
     deadline = yield from queue.checked(touch_op(queue.core, key, ttl))
     if deadline < 0:
         return False
-    return bool((yield from command("PEXPIREAT", key, deadline)))
+    return bool((yield from command("PEXPIREAT", key, queue.core.server_ms(deadline))))
 
 
 def delete_plan(queue: PlanHost, key: str) -> Plan[bool]:

@@ -19,7 +19,6 @@ key whose deadline is still ahead and never attempted (docs/expiring.md, "The li
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from delayq.codec import JsonCodec, encode_payload, record_prefix
@@ -53,16 +52,12 @@ def _ttl_ms(ttl: Duration) -> int:
     return ms
 
 
-def _header() -> bytes:
+def _header(core: QueueCore) -> bytes:
     return (
         record_prefix(EXPIRE_KIND, max_attempts=0, fmt="json")
-        + str(int(time.time() * 1000)).encode()
+        + str(core.wall_ms()).encode()
         + b"}\n"
     )
-
-
-def _now(now_ms: int | None) -> int | str:
-    return "" if now_ms is None else now_ms
 
 
 def task_id_for(key: str) -> str:
@@ -80,12 +75,12 @@ def set_op(
     return core.op(
         "expire_set",
         {
-            "now": _now(now_ms),
+            "now": core.now_arg(now_ms),
             "channel": core.keys.wake_channel,
             "key": validate_key(key),
             "id": task_id_for(key),
             "ttl_ms": _ttl_ms(ttl),
-            "header": _header(),
+            "header": _header(core),
             "value": value,
         },
         [],
@@ -94,12 +89,16 @@ def set_op(
 
 
 def touch_op(core: QueueCore, key: str, ttl: Duration, *, now_ms: int | None = None) -> Op[int]:
-    args = {"now": _now(now_ms), "channel": core.keys.wake_channel, "key": validate_key(key)}
+    args = {
+        "now": core.now_arg(now_ms),
+        "channel": core.keys.wake_channel,
+        "key": validate_key(key),
+    }
     return core.op("expire_touch", {**args, "ttl_ms": _ttl_ms(ttl)}, [], int)
 
 
 def delete_op(core: QueueCore, key: str, *, now_ms: int | None = None) -> Op[bool]:
-    args: dict[str, Arg] = {"now": _now(now_ms), "key": validate_key(key)}
+    args: dict[str, Arg] = {"now": core.now_arg(now_ms), "key": validate_key(key)}
     return core.op("expire_delete", args, [], lambda r: int(r) == 1)
 
 
@@ -108,11 +107,11 @@ def notice_op(core: QueueCore, key: str, *, foreign: bool, now_ms: int | None = 
     record = b""
     if foreign:
         payload = b'{"k":' + _JSON.encode(key) + b',"v":null,"foreign":true}'
-        record = _header() + payload
+        record = _header(core) + payload
     return core.op(
         "expire_notice",
         {
-            "now": _now(now_ms),
+            "now": core.now_arg(now_ms),
             "channel": core.keys.wake_channel,
             "key": key,
             "id": task_id_for(key),
@@ -142,7 +141,7 @@ def confirm_op(
         status, ms = reply  # expire_confirm's head, checked above
         return (status.decode() if isinstance(status, bytes) else str(status)), int(ms)
 
-    args: dict[str, Arg] = {"now": _now(now_ms), "key": key, "id": task_id, "token": token}
+    args: dict[str, Arg] = {"now": core.now_arg(now_ms), "key": key, "id": task_id, "token": token}
     return core.op("expire_confirm", args, [], parse)
 
 

@@ -117,7 +117,7 @@ class ExpiryWatcher:
         recorded = float(payload.get("d", due_ms))
         if foreign or due_ms < recorded - 1:
             via: Via = "notification"
-        elif time.time() * 1000 - due_ms > LATE_IS_SCAN_S * 1000:
+        elif self.ctx.now_ms() - due_ms > LATE_IS_SCAN_S * 1000:
             via = "scan"
         else:
             via = "timer"

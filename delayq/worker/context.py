@@ -10,6 +10,7 @@ one reading of what a handler's exception means (:func:`classify`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -118,6 +119,17 @@ class WorkerContext:
         self.loops: list[asyncio.Task[None]] = []
 
     classify = staticmethod(classify)
+
+    def now_ms(self) -> int:
+        """Now on the queue's clock without a round trip: a test's virtual clock, else the
+        server's as the worker tracks it from claim replies, else this machine's."""
+        virtual = self.core.clock
+        if virtual is not None:
+            return virtual.now_ms()
+        offset = self.clock.offset
+        if offset is None:
+            return round(time.time() * 1000)
+        return round((asyncio.get_running_loop().time() + offset) * 1000)
 
     def stop(self) -> None:
         """Begin the shutdown: ``stopping`` is set and the claim loop woken to see it."""

@@ -73,6 +73,9 @@ class Executor:
         self.events = ctx.events
         self.invoke = ctx.invoke
         self.classify = ctx.classify
+        # Told of every exception a handler raised, before it is classified (drain()'s
+        # raise_errors); None in a serving worker.
+        self.on_failure: Callable[[Task, BaseException], None] | None = None
 
     def _emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
         if not self.events.listeners:
@@ -149,6 +152,8 @@ class Executor:
         self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
     ) -> Outcome:
         """Act on what an exception from the handler means (see the module docstring)."""
+        if self.on_failure is not None:
+            self.on_failure(task, e)
         v = self.classify(e, task)
         if v.outcome == "deferred":
             return Outcome("release", task.id, task.token, due=f"+{v.due_ms}")

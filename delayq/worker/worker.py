@@ -263,6 +263,34 @@ class Worker:
         elif self._stopping is not None:  # still starting: nothing to wake yet
             self._stopping.set()
 
+    def context(
+        self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
+    ) -> WorkerContext:
+        """The runtime this worker's parts share while serving (see ``WorkerContext``), on
+        ``runner``'s connection, with the expiry watcher attached. ``serve()`` builds one;
+        ``delayq.testing.drain`` builds its own, with handler calls made inline."""
+        shards = self.queue.shards
+        waker = Waker(
+            runner.client,
+            self.core.keys.wake_channel,
+            tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
+        )
+        ctx = WorkerContext(
+            shards=shards,
+            runner=runner,
+            threads=threads,
+            clock=self.clock,
+            stopping=stopping,
+            registry=self.registry,
+            startup=self._startup,
+            events=self.events,
+            waker=waker,
+            supervisor=self.supervisor,
+            worker_id=self.id,
+        )
+        self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
+        return ctx
+
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
         loop = asyncio.get_running_loop()
@@ -288,25 +316,8 @@ class Worker:
             raise
         self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
         shards = self.queue.shards
-        self.waker = Waker(
-            client,
-            self.core.keys.wake_channel,
-            tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
-        )
-        ctx = WorkerContext(
-            shards=shards,
-            runner=self.runner,
-            threads=self.threads,
-            clock=self.clock,
-            stopping=stopping,
-            registry=self.registry,
-            startup=self._startup,
-            events=self.events,
-            waker=self.waker,
-            supervisor=self.supervisor,
-            worker_id=self.id,
-        )
-        self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
+        ctx = self.context(self.runner, self.threads, stopping)
+        self.waker = ctx.waker
         self.finisher = Finisher(
             shards,
             self.runner,

@@ -1,0 +1,74 @@
+"""A clock for tests that moves only when told: ``VirtualClock``."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+from delayq.errors import ConfigurationError
+from delayq.timing import ms_to_datetime
+
+
+def ms_of(when: datetime, what: str) -> int:
+    """An aware datetime in Unix ms; anything else is refused, naming ``what``."""
+    if not isinstance(when, datetime):
+        raise ConfigurationError(f"{what} must be a datetime, got {type(when).__name__}")
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ConfigurationError(
+            f"{what}={when!r} is a naive datetime; pass an aware one, "
+            "e.g. datetime(2026, 1, 1, tzinfo=timezone.utc)"
+        )
+    return round(when.timestamp() * 1000)
+
+
+class VirtualClock:
+    """Virtual time for a queue and its worker: ``Queue(name, url=..., clock=clock)``.
+
+    Every time delayq uses for that queue (due times, ``delay=``, leases, backoff, the
+    dedupe window, cron occurrences, expiring keys' deadlines) is read from this clock, to
+    the millisecond, instead of the server's. It stands still until :meth:`advance` (or
+    ``delayq.testing.drain``) moves it, and never moves back.
+
+    ``start``: an aware datetime; by default the real now.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._ms = round(time.time() * 1000) if start is None else ms_of(start, "start")
+
+    def now(self) -> datetime:
+        """The virtual now (UTC)."""
+        return ms_to_datetime(self._ms)
+
+    def now_ms(self) -> int:
+        """The virtual now in Unix milliseconds: what the queue's scripts are given."""
+        return self._ms
+
+    def advance(self, delta: timedelta | float | int) -> datetime:
+        """Move the clock forward by ``delta`` (a timedelta, or seconds); returns the new
+        now. Tasks that come due are not run: ``drain`` runs them."""
+        if isinstance(delta, timedelta):
+            seconds = delta.total_seconds()
+        elif isinstance(delta, int | float) and not isinstance(delta, bool):
+            seconds = float(delta)
+        else:
+            raise ConfigurationError(
+                f"advance() takes a timedelta or seconds, got {type(delta).__name__}"
+            )
+        if not seconds >= 0:  # also refuses NaN
+            raise ConfigurationError(f"the clock only moves forward: advance({delta!r})")
+        self._ms += round(seconds * 1000)
+        return self.now()
+
+    def advance_to(self, when: datetime) -> datetime:
+        """Move the clock forward to ``when`` (an aware datetime); returns the new now."""
+        ms = ms_of(when, "when")
+        if ms < self._ms:
+            raise ConfigurationError(
+                f"the clock only moves forward: {when.isoformat()} is before its now, "
+                f"{self.now().isoformat()}"
+            )
+        self._ms = ms
+        return self.now()
+
+    def __repr__(self) -> str:
+        return f"VirtualClock({self.now().isoformat()})"
