@@ -18,17 +18,15 @@ from typing import Any
 
 from common import Report, client, fresh_server
 
-from delayq import Queue, TaskSpec, leasing
+from delayq import Queue, TaskSpec, Worker, leasing
 from delayq.codec import Header
+from delayq.connection import async_client
 from delayq.leasing import Claimed
-from delayq.runner import SyncRunner
-from delayq.worker.clock import ServerClock
-from delayq.worker.context import WorkerContext
-from delayq.worker.events import Events
+from delayq.runner import AsyncRunner, SyncRunner
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, outcome_op
-from delayq.worker.registry import Registry, make_handler
 from delayq.worker.runs import Runs
+from delayq.worker.threads import HandlerThreads
 
 NAME = "costs"
 TITLE = "Per-task costs of a drain: server scripts and worker Python, each alone"
@@ -78,21 +76,11 @@ async def _runs_path(n: int) -> float:
     async def noop(task: Any) -> None:
         return None
 
-    registry = Registry()
-    registry.add(make_handler("noop", noop))
-    ctx = WorkerContext(
-        shards=Queue("q", url="redis://127.0.0.1:1/0").shards,  # builders only: never connects
-        runner=None,  # type: ignore[arg-type]
-        threads=None,  # type: ignore[arg-type]
-        clock=ServerClock(),
-        stopping=asyncio.Event(),
-        registry=registry,
-        startup=[],
-        events=Events(),
-        waker=None,  # type: ignore[arg-type]
-        supervisor=None,  # type: ignore[arg-type]
-        worker_id="bench",
-    )
+    worker = Worker(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
+    worker.handler("noop")(noop)
+    loop = asyncio.get_running_loop()
+    runner = AsyncRunner(async_client(worker.queue.url))
+    ctx = worker.context(runner, HandlerThreads(0, loop, "bench"), asyncio.Event())
     executor = Executor(ctx)
     written: list[Outcome] = []
 

@@ -135,11 +135,10 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
     """A run that waits keeps its shared task and the rest need a new one, a loop pass
     later: once a kind's handler has been seen to wait, its runs start in tasks of their own,
     all in the same pass."""
-    from delayq.worker.clock import ServerClock
-    from delayq.worker.context import WorkerContext
-    from delayq.worker.events import Events
+    from delayq.connection import async_client
+    from delayq.runner import AsyncRunner
     from delayq.worker.execute import Executor
-    from delayq.worker.registry import Registry, make_handler
+    from delayq.worker.threads import HandlerThreads
 
     release = asyncio.Event()
 
@@ -147,21 +146,11 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
         if not release.is_set():
             await release.wait()
 
-    registry = Registry()
-    registry.add(make_handler("k", waits))
-    ctx = WorkerContext(
-        shards=Queue("q", url="redis://127.0.0.1:1/0").shards,  # builders only: never connects
-        runner=None,  # type: ignore[arg-type]
-        threads=None,  # type: ignore[arg-type]
-        clock=ServerClock(),
-        stopping=asyncio.Event(),
-        registry=registry,
-        startup=[],
-        events=Events(),
-        waker=None,  # type: ignore[arg-type]
-        supervisor=None,  # type: ignore[arg-type]
-        worker_id="test",
-    )
+    worker = Worker(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
+    worker.handler("k")(waits)
+    runner = AsyncRunner(async_client(worker.queue.url))
+    threads = HandlerThreads(0, asyncio.get_running_loop(), "test")
+    ctx = worker.context(runner, threads, asyncio.Event())
     executor = Executor(ctx)
     runs = Runs(executor, Written(), lambda ms: 0.0, lambda: None, concurrency=100)  # type: ignore[arg-type]
     runs.start_many([claimed("first", 1)], 10**15)
