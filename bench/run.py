@@ -32,11 +32,24 @@ import lateness
 import memory
 import schedule
 import soak
+import testing_speed
 from common import Report, cleanup_all
 
 BENCHMARKS = {
     m.NAME: m
-    for m in (lateness, drain, costs, schedule, idle, memory, expiring, durable, soak, cluster)
+    for m in (
+        lateness,
+        drain,
+        costs,
+        schedule,
+        idle,
+        memory,
+        expiring,
+        durable,
+        testing_speed,
+        soak,
+        cluster,
+    )
 }
 ON_REQUEST = {soak.NAME, cluster.NAME}  # too long to run by default: only when named
 

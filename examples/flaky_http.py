@@ -49,6 +49,7 @@ import httpx
 
 from delayq import Discard, Fail, Queue, Retry, Task, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.timing import Clock
 
 log = logging.getLogger("flaky_http")
 
@@ -65,6 +66,7 @@ def make_worker(
     backoff: Sequence[float] = (30, 120, 600),
     max_attempts: int = 5,
     alert: Callable[[str], None] | None = None,
+    clock: Clock | None = None,
 ) -> Worker:
     """The worker that deletes expired uploads (``delayq worker`` calls it with no arguments).
 
@@ -73,10 +75,11 @@ def make_worker(
         timeout: seconds to wait for the service; a timeout is retried.
         backoff: seconds between attempts: after the 1st failure, the 2nd, then every later one.
         alert: called with one line for every task that goes dead (default: log an error).
+        clock: for tests, a ``delayq.testing.VirtualClock`` (docs/testing.md).
     """
     base = (storage_url or os.environ["STORAGE_URL"]).rstrip("/")
     notify = alert or (lambda text: log.error("ALERT %s", text))
-    worker = Worker(Queue(queue, url=redis_url), concurrency=16)
+    worker = Worker(Queue(queue, url=redis_url, clock=clock), concurrency=16)
 
     @worker.handler(KIND, max_attempts=max_attempts, backoff=backoff)
     def delete_upload(task: Task) -> None:

@@ -50,6 +50,7 @@ from zoneinfo import ZoneInfo
 
 from delayq import Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.timing import Clock
 
 log = logging.getLogger("nightly_report")
 
@@ -71,6 +72,7 @@ def make_worker(
     sweep_every: float = 3600,
     keep_days: float = 30,
     on_report: Callable[[Task, Path], None] | None = None,
+    clock: Clock | None = None,
 ) -> Worker:
     """The report worker (``delayq worker`` calls it with no arguments).
 
@@ -83,10 +85,11 @@ def make_worker(
         every: run the report every this many seconds instead (the tests and the demo).
         sweep_every: seconds between sweeps; keep_days: the age a report is swept at.
         on_report: called with the task and the file after each report is written.
+        clock: for tests, a ``delayq.testing.VirtualClock`` (docs/testing.md).
     """
     database = str(database or os.environ.get("REPORTS_DATABASE", "orders.db"))
     out = Path(reports or os.environ.get("REPORTS_DIR", "reports"))
-    worker = Worker(Queue(queue, url=redis_url), concurrency=4)
+    worker = Worker(Queue(queue, url=redis_url, clock=clock), concurrency=4)
     # Checked here, when the decorator is made: an expression that cannot fire (or a zone
     # that does not exist) fails at start-up, not at 02:00.
     if every is None:

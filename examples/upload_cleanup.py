@@ -45,6 +45,7 @@ from pathlib import Path
 
 from delayq import Expired, Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.timing import Clock
 
 log = logging.getLogger("upload_cleanup")
 
@@ -133,6 +134,7 @@ def make_worker(
     queue: str = "uploads",
     redis_url: str | None = None,
     on_cleanup: CleanupHook | None = None,
+    clock: Clock | None = None,
 ) -> Worker:
     """The worker that deletes abandoned uploads (``delayq worker`` calls it with no
     arguments).
@@ -141,9 +143,10 @@ def make_worker(
         storage: the object store's root (default: ``UPLOAD_STORAGE``).
         on_cleanup: called after each abandoned session is handled, with the
             :class:`Expired` and the bytes deleted (None if the file was already gone).
+        clock: for tests, a ``delayq.testing.VirtualClock`` (docs/testing.md).
     """
     root = Path(storage or os.environ["UPLOAD_STORAGE"]).resolve()
-    worker = Worker(Queue(queue, url=redis_url), concurrency=8)
+    worker = Worker(Queue(queue, url=redis_url, clock=clock), concurrency=8)
 
     @worker.on_expire(SESSION_PATTERN)
     def remove_abandoned_upload(expired: Expired) -> None:

@@ -209,10 +209,14 @@ class _Drain:
                 result = await runner.run(claim)
                 if result.next_due_ms is not None:
                     next_due = min(next_due or result.next_due_ms, result.next_due_ms)
-                for claimed in result.tasks:
+                for n, claimed in enumerate(result.tasks):
                     ran_any = True
                     await self._run_one(core, runner, executor, claimed)
                     if self.raise_errors and self.first_error is not None:
+                        # The rest of the batch was claimed but not run: hand it back, its
+                        # attempt not counted, or it would wait out LEASE_MS.
+                        if rest := [(c.id, c.token) for c in result.tasks[n + 1 :]]:
+                            await runner.run(leasing.release(core, rest))
                         return
             if ran_any:
                 continue  # whatever came due meanwhile (a retry due now), at the same now

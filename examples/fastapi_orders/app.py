@@ -141,7 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(store.init)
         app.state.settings = settings
         app.state.store = store
-        app.state.queue = AsyncQueue(settings.queue, url=settings.redis_url)
+        app.state.queue = AsyncQueue(settings.queue, url=settings.redis_url, clock=settings.clock)
         try:
             yield
         finally:

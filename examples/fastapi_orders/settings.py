@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from delayq.timing import Clock
+
 CLOSE_KIND = "order.close"  # the task kind the API schedules and the worker handles
 
 
@@ -18,12 +20,15 @@ class Settings:
         database: path of the SQLite file holding orders and stock.
         queue: the delayq queue name (its keys live under ``dq:{<queue>}:``).
         close_after: seconds an order may stay unpaid before it is closed.
+        clock: for tests, a ``delayq.testing.VirtualClock`` shared by the API's queue and
+            the worker's (docs/testing.md); None, the server's clock, everywhere else.
     """
 
     redis_url: str | None = None
     database: str = "orders.db"
     queue: str = "orders"
     close_after: float = 15 * 60.0
+    clock: Clock | None = None
 
     @classmethod
     def from_env(cls) -> Settings:

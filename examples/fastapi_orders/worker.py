@@ -21,7 +21,8 @@ def make_worker(settings: Settings | None = None) -> Worker:
     settings = settings or Settings.from_env()
     store = Store(settings.database)
     store.init()
-    worker = Worker(Queue(settings.queue, url=settings.redis_url), concurrency=8)
+    queue = Queue(settings.queue, url=settings.redis_url, clock=settings.clock)
+    worker = Worker(queue, concurrency=8)
 
     @worker.handler(CLOSE_KIND, max_attempts=10)
     def close_order(task: Task) -> None:
