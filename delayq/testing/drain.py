@@ -209,15 +209,9 @@ class _Drain:
                 result = await runner.run(claim)
                 if result.next_due_ms is not None:
                     next_due = min(next_due or result.next_due_ms, result.next_due_ms)
-                for n, claimed in enumerate(result.tasks):
-                    ran_any = True
-                    await self._run_one(core, runner, executor, claimed)
-                    if self.raise_errors and self.first_error is not None:
-                        # The rest of the batch was claimed but not run: hand it back, its
-                        # attempt not counted, or it would wait out LEASE_MS.
-                        if rest := [(c.id, c.token) for c in result.tasks[n + 1 :]]:
-                            await runner.run(leasing.release(core, rest))
-                        return
+                ran_any = ran_any or bool(result.tasks)
+                if not await self._run_batch(core, runner, executor, result.tasks):
+                    return
             if ran_any:
                 continue  # whatever came due meanwhile (a retry due now), at the same now
             if next_due is None:
@@ -228,6 +222,24 @@ class _Drain:
             if step > target_ms:
                 return
             self.clock.advance_to(ms_to_datetime(step))
+
+    async def _run_batch(
+        self, core: QueueCore, runner: AsyncRunner, executor: Executor, batch: list[Claimed]
+    ) -> bool:
+        """Run a claimed batch; False when drain stops at a failure (raise_errors). What was
+        claimed but not run, whatever stopped it, is handed back, its attempt not counted,
+        or it would sit out LEASE_MS."""
+        done = 0
+        try:
+            for claimed in batch:
+                await self._run_one(core, runner, executor, claimed)
+                done += 1
+                if self.raise_errors and self.first_error is not None:
+                    return False
+            return True
+        finally:
+            if rest := [(c.id, c.token) for c in batch[done:]]:
+                await runner.run(leasing.release(core, rest))
 
     async def _run_one(
         self, core: QueueCore, runner: AsyncRunner, executor: Executor, claimed: Claimed
