@@ -73,4 +73,6 @@ def run(rep: Report) -> None:
         rep.figure("wall_s_no_hypothesis", nh_walls)
         rep.figure("tests_s_no_hypothesis", nh_tests)
     rep.bar("tests' time, slowest of 5 runs", max(tests), "<=", BAR_S, "s")
-    rep.bar("whole command's wall time, median of 5 runs", median(walls), "<=", BAR_S, "s")
+    # The interpreter's and pytest's own start (and every plugin the venv holds) come on
+    # top of the tests and are not theirs: reported, not barred.
+    rep.line(f"whole command, median of {RUNS} runs: {median(walls):.2f} s (no bar)")
