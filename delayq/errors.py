@@ -102,6 +102,16 @@ class ServerNotFound(DelayqError):
     """No Redis/Valkey server binary was found to start an embedded server."""
 
 
+class MissingExtra(DelayqError, ImportError):
+    """A feature whose optional dependencies (a pip extra) are not installed. The message is
+    one line naming the command that installs them."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'delayq[{extra}]'")
+        self.feature = feature
+        self.extra = extra
+
+
 # Outcome exceptions a handler raises. They are control flow, not failures of delayq,
 # so they derive from Exception directly and carry what the worker needs.
 

@@ -62,7 +62,7 @@ def test_schedule_with_a_human_delay_then_show_cancel(
     tid = f"order:42:{queue.name}"  # unique on the shared server: show searches every queue
     payload = '{"order_id": 42}'
     args = ["--payload", payload, "--delay", "15m", "--id", tid, "--json"]
-    out = as_json(cli("schedule", queue.name, "order.close", *args))
+    out = as_json(cli("schedule", "-q", queue.name, "order.close", *args))
     assert out["id"] == tid and out["state"] == "scheduled"
     info = queue.get(tid)
     assert info is not None and info.payload == {"order_id": 42} and info.due_at is not None
@@ -85,17 +85,48 @@ def test_schedule_with_a_human_delay_then_show_cancel(
 def test_schedule_at_an_iso_time_and_refuses_bad_input(
     cli: Callable[..., Result], queue: Queue
 ) -> None:
-    out = as_json(cli("schedule", queue.name, "report", "--at", "2030-01-01T02:00:00Z", "--json"))
+    at = "2030-01-01T02:00:00Z"
+    out = as_json(cli("schedule", "-q", queue.name, "report", "--at", at, "--json"))
     assert out["due_at"] == "2030-01-01T02:00:00+00:00"
-    naive = cli("schedule", queue.name, "report", "--at", "2030-01-01T02:00:00")
+    naive = cli("schedule", "-q", queue.name, "report", "--at", "2030-01-01T02:00:00")
     assert naive.exit_code == 2 and "UTC offset" in naive.output
-    both = cli("schedule", queue.name, "report", "--at", "1", "--delay", "1s")
+    both = cli("schedule", "-q", queue.name, "report", "--at", "1", "--delay", "1s")
     assert both.exit_code == 2 and "not both" in both.output
-    bad_json = cli("schedule", queue.name, "report", "--payload", "{nope")
+    bad_json = cli("schedule", "-q", queue.name, "report", "--payload", "{nope")
     assert bad_json.exit_code == 2 and "not JSON" in bad_json.output
-    bad_delay = cli("schedule", queue.name, "report", "--delay", "soon")
+    bad_delay = cli("schedule", "-q", queue.name, "report", "--delay", "soon")
     assert bad_delay.exit_code == 2 and "15m" in bad_delay.output
     assert queue.stats().scheduled == 1
+
+
+def test_schedule_takes_the_queue_from_the_environment_like_every_command(
+    cli: Callable[..., Result], queue: Queue
+) -> None:
+    out = as_json(cli("schedule", "report", "--json", env={"DELAYQ_QUEUE": queue.name}))
+    assert out["queue"] == queue.name and queue.get(out["id"]) is not None
+    none = cli("schedule", "report")
+    assert none.exit_code == 2 and "--queue" in none.output
+
+
+def test_schedule_positional_queue_still_works_with_a_deprecation_note(
+    cli: Callable[..., Result], queue: Queue
+) -> None:
+    old = cli("schedule", queue.name, "report", "--id", "old-form", "--json")
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["queue"] == queue.name
+    assert "deprecated" in old.stderr and f"delayq schedule -q {queue.name} report" in old.stderr
+    assert (t := queue.get("old-form")) is not None and t.kind == "report"
+    quiet = cli("schedule", "-q", queue.name, "report")
+    assert quiet.exit_code == 0 and "deprecated" not in quiet.stderr
+    # The positional queue wins over $DELAYQ_QUEUE, but not over an explicit -q.
+    env = {"DELAYQ_QUEUE": "elsewhere"}
+    assert cli("schedule", queue.name, "report", "--id", "env-form", env=env).exit_code == 0
+    assert queue.get("env-form") is not None
+    twice = cli("schedule", "-q", queue.name, queue.name, "report")
+    assert twice.exit_code == 2 and "once" in twice.output
+    many = cli("schedule", "-q", queue.name, "a", "b", "c")
+    assert many.exit_code == 2 and "3 words" in many.output
+    assert queue.stats().scheduled == 3
 
 
 def test_run_now_makes_a_waiting_task_due_and_replays_a_dead_one(

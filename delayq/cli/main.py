@@ -7,16 +7,21 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 import click
 
 from delayq.cli.admin import info, schedule, task
+from delayq.cli.common import QUEUE_ENV, duration
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
-from delayq.connection import URL_ENV
+from delayq.connection import DEFAULT_URL, URL_ENV, redact
 from delayq.cron.cli import cron
+from delayq.embedded.server import BINARY_ENV
+from delayq.errors import ConfigurationError, ServerNotFound
+from delayq.worker.worker import MAX_CONCURRENCY
 
 
 def load_app(spec: str) -> Any:
@@ -56,15 +61,64 @@ def _logging(level: str) -> None:
     )
 
 
-@click.group()
+MAIN_EPILOG = f"""\b
+Every command that talks to Redis takes --url and, where it acts on a queue,
+-q/--queue; without them it reads:
+  {URL_ENV[0]}, else {URL_ENV[1]}  Redis URL [else {DEFAULT_URL}]
+  {QUEUE_ENV}  the queue (comma-separated where a command takes several)
+  {BINARY_ENV}  server binary for an embedded server (demo, worker --embedded)
+'delayq COMMAND --help' lists what each command reads.
+"""
+
+
+@click.group(epilog=MAIN_EPILOG)
 @click.version_option(package_name="delayq")
 def main() -> None:
     """delayq: reliable delayed tasks on Redis and Valkey."""
 
 
-@main.command()
+WORKER_HELP = f"""Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM.
+
+APP is a Worker, or a function of no arguments that returns one.
+
+--url sets ${URL_ENV[0]} before APP is imported, so it is the URL of every Queue APP
+builds without url= (a Queue reads ${URL_ENV[0]}, else ${URL_ENV[1]}, else
+{DEFAULT_URL}). If the worker's queue was given another url= in code, --url is
+refused rather than ignored. --concurrency and --lease replace the values APP passed
+to Worker(...).
+
+\b
+Environment:
+  {URL_ENV[0]}, {URL_ENV[1]}  Redis URL of APP's queues
+  {BINARY_ENV}  server binary for --embedded
+"""
+
+
+@main.command(help=WORKER_HELP)
 @click.argument("app")
-@click.option("--embedded", is_flag=True, help="Start a private server and point the app at it.")
+@click.option(
+    "--url",
+    default=None,
+    metavar="URL",
+    help=f"Redis URL for APP's queue [default: ${URL_ENV[0]}, else ${URL_ENV[1]}].",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=None,
+    help="Tasks run at once (handler threads) [default: APP's Worker(concurrency=)].",
+)
+@click.option(
+    "--lease",
+    metavar="DURATION",
+    default=None,
+    help="How long a claimed task is held, e.g. 30s, 2m [default: APP's Worker(lease=)].",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="Start a private server (data in .delayq/data) and point the app at it.",
+)
 @click.option(
     "--log-level",
     default="info",
@@ -84,47 +138,92 @@ def main() -> None:
     help="Address for --metrics-port (0.0.0.0 to let a remote Prometheus scrape it).",
 )
 def worker(
-    app: str, embedded: bool, log_level: str, metrics_port: int | None, metrics_host: str
+    app: str,
+    url: str | None,
+    concurrency: int | None,
+    lease: str | None,
+    embedded: bool,
+    log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
-    """Run the Worker found at APP (MODULE:ATTRIBUTE) until SIGINT or SIGTERM."""
     from delayq.worker import Worker
     from delayq.worker.supervise import WorkerFailed
 
+    if url is not None and embedded:
+        raise click.UsageError("pass --url or --embedded, not both")
+    lease_s = duration(lease, "--lease")
     _logging(log_level)
     with ExitStack() as stack:
         if embedded:
-            from delayq.embedded import EmbeddedServer
-
-            server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
-            os.environ[URL_ENV[0]] = server.url
-            click.echo(f"embedded server on {server.url} (data in .delayq/data)", err=True)
+            url = _embedded(stack)
+        if url is not None:
+            os.environ[URL_ENV[0]] = url  # before APP is imported: its queues read it
         obj = load_app(app)
         if _is_factory(obj):
             obj = obj()
         if not isinstance(obj, Worker):
             raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
+        if url is not None and obj.queue.url != url:
+            raise click.UsageError(
+                f"{app}'s queue {obj.queue.name!r} connects to {redact(obj.queue.url)}, set "
+                f"with url= in its code: --url {redact(url)} applies only to a Queue built "
+                f"without url= (drop url=, or drop --url)"
+            )
+        try:
+            obj.configure(concurrency=concurrency, lease=lease_s)
+        except ConfigurationError as e:
+            raise click.BadParameter(str(e)) from None
         if metrics_port is not None:
-            from delayq.admin.metrics import serve_worker_metrics
-
-            try:
-                metrics = serve_worker_metrics(obj, metrics_port, metrics_host)
-            except OSError as e:
-                raise click.ClickException(
-                    f"cannot serve metrics on {metrics_host}:{metrics_port}: {e}"
-                ) from None
-            stack.callback(metrics.stop)
-            click.echo(f"metrics on http://{metrics_host}:{metrics.port}/metrics", err=True)
+            stack.callback(_serve_metrics(obj, metrics_port, metrics_host))
         try:
             obj.run()
         except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
             raise click.ClickException(str(e)) from None
 
 
-@main.command()
+def _embedded(stack: ExitStack) -> str:
+    from delayq.embedded import EmbeddedServer
+
+    try:
+        server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
+    except ServerNotFound as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"embedded server on {server.url} (data in .delayq/data)", err=True)
+    return server.url
+
+
+def _serve_metrics(obj: Any, port: int, host: str) -> Callable[[], None]:
+    from delayq.admin.metrics import serve_worker_metrics
+
+    try:
+        metrics = serve_worker_metrics(obj, port, host)
+    except OSError as e:
+        raise click.ClickException(f"cannot serve metrics on {host}:{port}: {e}") from None
+    click.echo(f"metrics on http://{host}:{metrics.port}/metrics", err=True)
+    return metrics.stop
+
+
+DEMO_HELP = f"""Close unpaid orders on time, once, with stock restored — while a worker is killed.
+
+Runs on a private embedded server unless --url names one: it does not read
+${URL_ENV[0]} or ${URL_ENV[1]}, so it never writes to a Redis you did not name. On
+a server of yours it works on its own queue, demo-orders-PID, and deletes that queue's
+keys when it ends, also on Ctrl-C.
+
+\b
+Environment:
+  {BINARY_ENV}  server binary [else the delayq[embedded] one,
+                     else valkey-server or redis-server on PATH]
+"""
+
+
+@main.command(help=DEMO_HELP)
 @click.option(
     "--url",
     default=None,
-    help=f"Redis URL (default: ${URL_ENV[0]} or ${URL_ENV[1]} if set, else embedded).",
+    metavar="URL",
+    help="Redis URL to run on [default: an embedded server; $REDIS_URL is not read].",
 )
 @click.option(
     "--database-url",
@@ -161,7 +260,6 @@ def demo(
     no_kill: bool,
     seed: int | None,
 ) -> None:
-    """Close unpaid orders on time, once, with stock restored — while a worker is killed."""
     from delayq.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
@@ -177,7 +275,11 @@ def demo(
     )
     if seed is not None:
         cfg.seed = seed
-    sys.exit(run_demo(cfg))
+    try:
+        code = run_demo(cfg)
+    except ServerNotFound as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(code)
 
 
 main.add_command(schedule)

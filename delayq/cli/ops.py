@@ -21,6 +21,7 @@ from delayq.cli.common import (
     safe,
     url_option,
 )
+from delayq.errors import MissingExtra
 from delayq.keys import MAX_SHARDS
 
 # -- check ------------------------------------------------------------------------------------
@@ -156,8 +157,14 @@ def dashboard(
     read_only: bool,
     log_level: str,
 ) -> None:
-    """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host)."""
-    from delayq.dashboard import bind, serve
+    """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host).
+
+    Needs the dashboard extra: pip install 'delayq[dashboard]'.
+    """
+    try:
+        from delayq.dashboard import bind, serve
+    except MissingExtra as e:
+        raise click.ClickException(str(e)) from None
 
     generated = not token
     token = token or secrets.token_urlsafe(24)

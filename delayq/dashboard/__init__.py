@@ -1,6 +1,8 @@
 """The web dashboard: ``delayq dashboard``, or :func:`create_app` to mount it yourself.
 
-The worker never imports this package; it reads queues through :mod:`delayq.admin`.
+The worker never imports this package; it reads queues through :mod:`delayq.admin`. It needs
+the ``dashboard`` extra (``pip install 'delayq[dashboard]'``); importing it without that raises
+:class:`~delayq.errors.MissingExtra`, which says so in one line.
 """
 
 from __future__ import annotations
@@ -8,8 +10,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from delayq.admin.inspect import Admin
-from delayq.dashboard.app import create_app
+from delayq.extras import require
+
+require("dashboard", "the dashboard")
+
+from delayq.admin.inspect import Admin  # noqa: E402
+from delayq.dashboard.app import create_app  # noqa: E402
 
 __all__ = ["bind", "create_app", "serve"]
 

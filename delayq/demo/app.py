@@ -1,4 +1,5 @@
-"""The demo's worker app: ``delayq worker delayq.demo.app:make_worker`` (configured by env)."""
+"""The demo's worker app: ``delayq worker delayq.demo.app:make_worker --url URL --lease 2s``
+(the rest configured by env)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from delayq.worker.worker import Worker
 QUEUE_ENV = "DELAYQ_DEMO_QUEUE"
 DB_ENV = "DELAYQ_DEMO_DATABASE_URL"
 WORK_ENV = "DELAYQ_DEMO_WORK_MS"
-LEASE_ENV = "DELAYQ_DEMO_LEASE"
 
 
 def make_worker() -> Worker:
-    queue = Queue(os.environ.get(QUEUE_ENV, "demo-orders"))
-    worker = Worker(queue, concurrency=16, lease=float(os.environ.get(LEASE_ENV, "2")), grace=5)
+    queue = Queue(os.environ.get(QUEUE_ENV, "demo-orders"))  # URL: from delayq worker --url
+    worker = Worker(queue, concurrency=16, lease=2, grace=5)
     db_url = os.environ[DB_ENV]
     work_s = float(os.environ.get(WORK_ENV, "200")) / 1000
     local = threading.local()  # one database connection per handler thread

@@ -18,7 +18,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from delayq.connection import URL_ENV
+from delayq.connection import redact
 from delayq.demo import app
 from delayq.demo.shop import Audit, Shop
 from delayq.queue import Queue
@@ -63,9 +63,11 @@ def percentile(values: list[float], p: float) -> float:
 class WorkerPool:
     """Worker processes (``delayq worker``), logging to files, stopped by PID."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, url: str, lease: float) -> None:
         self.env = env
         self.log_dir = log_dir
+        self.url = url
+        self.lease = lease
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -77,6 +79,10 @@ class WorkerPool:
                 "delayq",
                 "worker",
                 "delayq.demo.app:make_worker",
+                "--url",
+                self.url,
+                "--lease",
+                f"{self.lease:g}s",
                 "--log-level",
                 "warning",
             ],
@@ -129,7 +135,9 @@ def run_demo(cfg: DemoConfig) -> int:
     rng = random.Random(cfg.seed)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delayq-demo-")))
-        url = cfg.url or next((os.environ[v] for v in URL_ENV if os.environ.get(v)), None)
+        # Only the server named by --url, never $REDIS_URL: the README promises a demo that
+        # needs no Redis, and one that writes nowhere it was not told to.
+        url = cfg.url
         if url is None:
             from delayq.embedded import EmbeddedServer
 
@@ -140,7 +148,7 @@ def run_demo(cfg: DemoConfig) -> int:
                 f"on {url} (AOF on)"
             )
         else:
-            console.print(f"[bold]Redis server[/]: {url}")
+            console.print(f"[bold]Redis server[/]: {redact(url)} (--url)")
         db_url = cfg.database_url or f"sqlite:///{tmp / 'shop.db'}"
         console.print(f"[bold]business database[/]: {db_url.split('@')[-1]}")
         shop = Shop(db_url)
@@ -149,16 +157,16 @@ def run_demo(cfg: DemoConfig) -> int:
         qname = f"demo-orders-{os.getpid()}"
         queue = Queue(qname, url=url)
         stack.callback(queue.close)
+        # Runs after the workers have stopped (callbacks run last first), also on Ctrl-C.
+        stack.callback(delete_queue_keys, queue)
 
         env = {
             **os.environ,
-            URL_ENV[0]: url,
             app.QUEUE_ENV: qname,
             app.DB_ENV: db_url,
             app.WORK_ENV: str(cfg.work_ms),
-            app.LEASE_ENV: str(cfg.lease),
         }
-        pool = WorkerPool(env, tmp)
+        pool = WorkerPool(env, tmp, url, cfg.lease)
         stack.callback(pool.stop)
         for _ in range(cfg.workers):
             pool.start()
@@ -174,6 +182,21 @@ def run_demo(cfg: DemoConfig) -> int:
         pool.stop()
         return _report(cfg, shop, queue, tally, tmp)
     return 1
+
+
+def queue_key_patterns(queue: Queue) -> list[str]:
+    """SCAN patterns matching every key of ``queue``: its own hash tag and its shards'."""
+    prefix, name = queue.core.keys.prefix, queue.name
+    return [f"{prefix}:{{{name}}}:*", f"{prefix}:{{{name}#*}}:*"]
+
+
+def delete_queue_keys(queue: Queue) -> int:
+    """Delete every key of ``queue`` (found by SCAN, on every primary of a cluster)."""
+    deleted = 0
+    for pattern in queue_key_patterns(queue):
+        for key in list(queue.client.scan_iter(match=pattern, count=1000)):
+            deleted += queue.client.delete(key)
+    return deleted
 
 
 def _shop_and_watch(

