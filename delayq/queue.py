@@ -114,29 +114,8 @@ def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 
 
 class _Base(Generic[C]):
-    """A named queue of delayed tasks (configuration shared by both flavours).
-
-    Args:
-        name: the queue's name; all its keys live under the hash tag ``{name}``.
-        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
-        client: an existing client (made with ``decode_responses=False``) instead of ``url``.
-        dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
-            the id again within it changes nothing.
-        max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
-        codec: ``"json"`` (default) or ``"msgpack"``.
-        durable_timeout: with ``schedule(..., durable=True)``, how long to wait for the
-            server to confirm the write is fsynced to its append-only file (default 1 s; 3 s
-            with ``durable_replicas``).
-        durable_replicas: with ``durable=True``, also wait for this many replicas to fsync
-            it (WAITAOF; on servers without WAITAOF, WAIT for their acknowledgement).
-        shards: split the queue over this many hash tags (Redis Cluster spreads them over
-            its primaries); every process must open the queue with the same number.
-            ``"stored"`` (``Queue`` only): the number the queue stored (1 if none), read when
-            the queue is opened, for tools that open a queue someone else split.
-        clock: for tests, a ``delayq.testing.VirtualClock``: every time this queue and a
-            worker on it use (due times, leases, backoff, the dedupe window, cron, expiring
-            keys) is read from it instead of the server's clock (docs/testing.md).
-    """
+    """A named queue of delayed tasks: the configuration and plans shared by :class:`Queue`
+    and :class:`AsyncQueue` (their arguments are documented on :class:`Queue`)."""
 
     def __init__(
         self,
@@ -359,7 +338,31 @@ class _Base(Generic[C]):
 
 
 class Queue(_Base[redis.Redis]):
-    """A named queue of delayed tasks, used from blocking code (arguments: see ``_Base``)."""
+    """A named queue of delayed tasks, used from blocking code.
+
+    Args:
+        name: the queue's name; all its keys live under the hash tag ``{name}``.
+        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
+        client: an existing client (made with ``decode_responses=False``) instead of ``url``.
+        prefix: the first part of every key of the queue (default ``"dq"``: keys
+            ``dq:{name}:...``); every process must use the same one.
+        dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
+            the id again within it changes nothing.
+        max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
+        codec: ``"json"`` (default) or ``"msgpack"``.
+        durable_timeout: with ``schedule(..., durable=True)``, how long to wait for the
+            server to confirm the write is fsynced to its append-only file (default 1 s; 3 s
+            with ``durable_replicas``).
+        durable_replicas: with ``durable=True``, also wait for this many replicas to fsync
+            it (WAITAOF; on servers without WAITAOF, WAIT for their acknowledgement).
+        shards: split the queue over this many hash tags (Redis Cluster spreads them over
+            its primaries); every process must open the queue with the same number.
+            ``"stored"`` (``Queue`` only): the number the queue stored (1 if none), read when
+            the queue is opened, for tools that open a queue someone else split.
+        clock: for tests, a ``delayq.testing.VirtualClock``: every time this queue and a
+            worker on it use (due times, leases, backoff, the dedupe window, cron, expiring
+            keys) is read from it instead of the server's clock (docs/testing.md).
+    """
 
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
@@ -397,6 +400,23 @@ class Queue(_Base[redis.Redis]):
         made) and re-creates a finished or dead one; a running task is never replaced, and
         its status is then ``running``. With ``durable=True`` it returns only once the
         server's AOF is fsynced (DurabilityError otherwise).
+
+        Args:
+            kind: which handler runs it (``@worker.handler(kind)``).
+            payload: the handler's ``task.payload``: anything the queue's codec encodes.
+            **options: keyword-only; each is optional.
+
+                - ``delay``: seconds (or a ``timedelta``) from now on the server's clock;
+                  with neither ``delay`` nor ``at`` the task is due at once.
+                - ``at``: an absolute time, an aware ``datetime`` or a Unix timestamp
+                  (not with ``delay``).
+                - ``task_id``: the task's id, a business key such as ``"order-close:42"``
+                  (default: a new random id).
+                - ``replace``: move or re-create a task that has this id (above).
+                - ``max_attempts``: this task's limit of attempts, which wins over the
+                  handler's (0, the default: the handler's).
+                - ``durable``: wait for the server's AOF fsync (see ``durable_timeout``
+                  and ``durable_replicas`` of :class:`Queue`).
         """
         return self.runner.drive(self._schedule_plan(kind, payload, options))
 
@@ -482,7 +502,12 @@ class Queue(_Base[redis.Redis]):
 
 
 class AsyncQueue(_Base[aredis.Redis]):
-    """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine."""
+    """The same queue for asyncio code: every method of :class:`Queue`, as a coroutine.
+
+    It takes the arguments of :class:`Queue`, except ``shards="stored"`` (an asyncio
+    client cannot read the stored count while the queue is opened): pass the number.
+    ``client``, if given, is a ``redis.asyncio`` client.
+    """
 
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)

@@ -98,6 +98,12 @@ class Worker:
         max_wait: cap on any idle wait: how often an idle worker looks at the queue anyway,
             in case a wake-up was lost without its connection dropping (a dropped one is
             noticed, and the queue looked at, at once). Each look is a few commands.
+        client: an existing ``redis.asyncio`` client (made with ``decode_responses=False``)
+            for the worker's loops, instead of one it makes from the queue's URL; the worker
+            does not close it.
+        configure_notifications: with ``on_expire`` callbacks, add the ``E`` and ``x``
+            flags to the server's ``notify-keyspace-events`` when they are missing (default);
+            ``False`` only checks them (docs/expiring.md).
     """
 
     def __init__(
@@ -152,7 +158,18 @@ class Worker:
         jitter: float | None = None,
         timeout: float | timedelta | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
-        """Register the decorated function (sync or async) as the handler of ``kind``."""
+        """Register the decorated function (sync or async) as the handler of ``kind``.
+
+        Args:
+            kind: the kind of task it runs (``queue.schedule(kind, ...)``).
+            max_attempts: after this many failed attempts a task is dead (default 5;
+                ``schedule(..., max_attempts=N)`` wins for one task).
+            backoff: the wait before each retry: a list of seconds (the last repeats) or a
+                function of the attempt number (default 30 s, 2 min, then 10 min).
+            jitter: spread each backoff by this share either way (default 0.1).
+            timeout: seconds (or a ``timedelta``) a run may take before it fails with
+                ``TimeoutError`` (default: no limit).
+        """
         options: dict[str, Any] = {"max_attempts": max_attempts, "timeout": timeout}
         if backoff is not None:
             options["backoff"] = backoff
