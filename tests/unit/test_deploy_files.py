@@ -4,6 +4,7 @@ with the flags they pass."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import re
@@ -49,11 +50,7 @@ def yaml_docs(path: Path) -> list[Any]:
 
 
 def _has_yaml() -> bool:
-    try:
-        import yaml  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("yaml") is not None
 
 
 def _unit(path: Path) -> dict[str, str]:
