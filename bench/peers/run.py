@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -63,6 +64,23 @@ def machine() -> dict[str, Any]:
         "server": server_version(server_binary()),
         "loadavg_start": os.getloadavg(),
     }
+
+
+def commit() -> str | None:
+    """The checkout's commit, with "+dirty" when it has uncommitted changes (None: no git)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return None
+    return f"{head}{'+dirty' if dirty else ''}" if head else None
 
 
 def describe(peer: str) -> dict[str, Any]:
@@ -190,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "quick": args.quick,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "commit": commit(),
         "machine": machine(),
         "sizes": {k: getattr(sizes, k) for k in sizes.__dataclass_fields__},
         "peers": {},
@@ -265,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"\nwrote {base}.json; no chart ({e}: pip install -e '.[peers]')", flush=True)
         shutil.copyfile(f"{base}.json", outdir / "peers-latest.json")
+    full = not args.quick and set(peers) == set(harness.PEERS) and set(names) == set(ALL_MEASURES)
+    if full and not errs:
+        print(
+            "headline figures: python bench/headline.py "
+            f"{base}.json  (writes docs/figures.json, which README and docs quote)",
+            flush=True,
+        )
     return 1 if errs else 0
 
 
