@@ -109,7 +109,7 @@ def worker_side(rep: Report, n: int) -> None:
     op = leasing.claim(core, limit=1000, lease_ms=30_000)
     reply = [1, -1, -1]
     for i in range(1000):
-        reply += [b"t%d" % i, b"noop", 1, 0, i, 1000, 0, b"", b'{"i":1}']
+        reply += [b"t%d" % i, b"noop", 1, 0, i, 1000, 0, b"", b"", b'{"i":1}']
     t0 = time.process_time()
     for _ in range(20):
         op.parse(reply)

@@ -10,6 +10,9 @@ it is never re-encoded by Lua's cjson. Header keys:
 
     k  kind                  m  max attempts (0: handler's)    c  created (ms)
     f  payload format (absent for JSON)
+    h  headers, an object of strings (absent when none), always last, after ``c``:
+       ``{"k":"order.close","c":1732900000000,"h":{"traceparent":"00-..."}}``, so the
+       fields before ``c`` still repeat across a kind's tasks (claim.lua decodes them once)
 
 What changes with every claim (lease token, attempt number, due time of the current run) is
 kept apart, in the ``attempts`` hash as ``"<token> <attempt> <due>"`` (see
@@ -21,12 +24,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from delayq.errors import InvalidTaskError, PayloadTooLarge
+from delayq.text import check as check_text
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024
+MAX_HEADERS = 4 * 1024  # bytes of a task's headers, as their JSON object
 
 
 class Codec(Protocol):
@@ -127,14 +132,17 @@ class Record:
     max_attempts: int
     created_ms: int
     fmt: str
+    headers: dict[str, str] = field(default_factory=dict)  # {} for none (or written before)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Record:
+        h = raw.get("h")
         return cls(
             kind=str(raw["k"]),
             max_attempts=_as_int(raw.get("m", 0)),
             created_ms=_lenient_int(raw.get("c", 0)),
             fmt=str(raw.get("f", "json")),
+            headers={} if h is None else _as_headers(h),
         )
 
 
@@ -180,6 +188,9 @@ class Header:
     created_ms: int
     due_ms: float | None
     fmt: str
+    # The record's headers as claim.lua sends them: their JSON object, still encoded (b""
+    # for none: a task without headers costs the worker nothing to decode).
+    headers: bytes = b""
 
     @classmethod
     def of(cls, record: Record, attempt: Attempt) -> Header:
@@ -191,11 +202,14 @@ class Header:
             record.created_ms,
             attempt.due_ms,
             record.fmt,
+            encode_headers(record.headers)[len(_HEADERS_KEY) :] if record.headers else b"",
         )
 
     @property
     def record(self) -> Record:
-        return Record(self.kind, self.max_attempts, self.created_ms, self.fmt)
+        return Record(
+            self.kind, self.max_attempts, self.created_ms, self.fmt, decode_headers(self.headers)
+        )
 
     @property
     def attempt(self) -> Attempt:
@@ -223,6 +237,61 @@ class RecordError(ValueError):
     """A stored record cannot be decoded; the task goes to the dead set with this reason."""
 
 
+_HEADERS_KEY = b',"h":'
+
+
+def encode_headers(headers: Any) -> bytes:
+    """Validate a task's headers and encode them as the record's last header field,
+    ``,"h":{...}`` (b"" for None or none): a dict of non-empty str keys to str values, valid
+    UTF-8, at most MAX_HEADERS bytes as JSON. InvalidTaskError says what to fix."""
+    if headers is None or (type(headers) is dict and not headers):
+        return b""
+    if not isinstance(headers, dict):
+        raise InvalidTaskError(
+            f"headers must be a dict of str to str, got {type(headers).__name__}: "
+            f"{headers!r:.200}; pass e.g. headers={{'tenant': 'a'}}"
+        )
+    for k, v in headers.items():
+        if not isinstance(k, str) or not k:
+            raise InvalidTaskError(
+                f"header names must be non-empty strings, got {k!r:.200}; "
+                "convert the name with str() or drop it"
+            )
+        if not isinstance(v, str):
+            raise InvalidTaskError(
+                f"header {k!r:.200} has a {type(v).__name__} value {v!r:.200}; header values "
+                "must be strings: convert it with str() (or json.dumps for structure)"
+            )
+        check_text(k, "header name")
+        check_text(v, f"header {k!r:.200}")
+    data = _ENCODER.encode(headers).encode("utf-8")
+    if len(data) > MAX_HEADERS:
+        raise InvalidTaskError(
+            f"headers are {len(data)} bytes encoded, over the limit of {MAX_HEADERS}; keep "
+            "headers for small context (trace ids, a tenant) and put data in the payload"
+        )
+    return _HEADERS_KEY + data
+
+
+def decode_headers(raw: bytes | str) -> dict[str, str]:
+    """A record's headers from their JSON object ({} for b""); RecordError if they are not
+    an object of strings (a record not written by delayq)."""
+    if not raw:
+        return {}
+    try:
+        return _as_headers(json.loads(raw))
+    except ValueError as e:
+        raise RecordError(f"record headers cannot be decoded: {e}") from None
+
+
+def _as_headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"headers are not an object of strings: {value!r:.200}")
+    return value
+
+
 def record_prefix(kind: str, *, max_attempts: int, fmt: str) -> bytes:
     """The part of a new record's header that depends on the kind and options only.
 
@@ -238,10 +307,16 @@ def record_prefix(kind: str, *, max_attempts: int, fmt: str) -> bytes:
 
 
 def encode_record(
-    kind: str, payload: bytes, *, max_attempts: int, created_ms: int, fmt: str
+    kind: str,
+    payload: bytes,
+    *,
+    max_attempts: int,
+    created_ms: int,
+    fmt: str,
+    headers: dict[str, str] | None = None,
 ) -> bytes:
     prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt)
-    return prefix + str(created_ms).encode() + b"}\n" + payload
+    return prefix + str(created_ms).encode() + encode_headers(headers) + b"}\n" + payload
 
 
 def split_record(record: bytes) -> tuple[Record, bytes]:

@@ -22,6 +22,7 @@ from delayq.codec import (
     Codec,
     RecordError,
     decode_payload,
+    encode_headers,
     encode_payload,
     get_codec,
     record_prefix,
@@ -107,11 +108,17 @@ class ScheduleOptions(TypedDict, total=False):
     replace: bool
     max_attempts: int
     durable: bool
+    headers: dict[str, str] | None
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task for ``schedule_many``."""
+    """One task for ``schedule_many`` (and what ``before_schedule`` hooks are given).
+
+    ``headers``: context that travels with the task, as ``task.headers`` in its handler
+    and ``TaskInfo.headers``: a dict of str to str (trace context, a tenant), at most 4 KiB
+    as JSON; None or ``{}`` for none.
+    """
 
     kind: str
     payload: Any = None
@@ -119,6 +126,7 @@ class TaskSpec:
     at: datetime | float | int | None = None
     task_id: str | None = None
     max_attempts: int = 0
+    headers: dict[str, str] | None = None
 
 
 def new_task_ids(n: int) -> list[str]:
@@ -280,7 +288,8 @@ class QueueCore:
         """Validate and encode tasks: (ids, flat id/due/record triples). Raises on the first
         bad task, before anything is sent."""
         generated = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
-        created = str(self.wall_ms()).encode() + b"}\n"
+        created_ms = str(self.wall_ms()).encode()
+        created = created_ms + b"}\n"
         ids: list[str] = []
         rest: list[Arg] = []
         for spec in specs:
@@ -288,7 +297,11 @@ class QueueCore:
             prefix = self._prefix(spec.kind, spec.max_attempts)
             data = encode_payload(self.codec, spec.payload, self.max_payload)
             ids.append(tid)
-            rest += (tid, due_spec(spec.delay, spec.at), prefix + created + data)
+            if spec.headers is None:  # no headers: the record is as it always was
+                record = prefix + created + data
+            else:  # (the last header field, after "c": codec.py)
+                record = prefix + created_ms + encode_headers(spec.headers) + b"}\n" + data
+            rest += (tid, due_spec(spec.delay, spec.at), record)
         if len(set(ids)) != len(ids):
             raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
         return ids, rest
@@ -408,6 +421,7 @@ class QueueCore:
             lease_deadline=when if state == "active" else None,
             finished_at=when if state in ("done", "dead") else None,
             queue=self.name,
+            headers=header.headers,
         )
 
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:

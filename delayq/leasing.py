@@ -21,11 +21,20 @@ MAX_CLAIM = 1000  # tasks per claim call: bounds the script's run time and its r
 
 # claim's reply as claim.lua declares it, read once: the head's positions by name, and its
 # rows unpacked by name, checked here against the declaration's (unpacking a row costs a
-# quarter less than nine index sums, on the worker's hottest path).
+# quarter less than ten index sums, on the worker's hottest path).
 _CLAIM = SCRIPTS["claim"].reply
 _NOW, _NEXT_DUE, _NEXT_LEASE = (_CLAIM.at(n) for n in ("now", "next_due", "next_lease"))
 _CLAIM.require_row(
-    "id", "kind", "attempt", "max_attempts", "token", "due", "created", "format", "payload"
+    "id",
+    "kind",
+    "attempt",
+    "max_attempts",
+    "token",
+    "due",
+    "created",
+    "format",
+    "headers",
+    "payload",
 )
 
 
@@ -90,10 +99,11 @@ def claim(
                     created,
                     due if type(due) is int else float(due),
                     format.decode() or "json",
+                    headers,  # b"" for none; decoded by the executor (build_task)
                 ),
                 payload,
             )
-            for id, kind, attempt, max_attempts, token, due, created, format, payload in (
+            for id, kind, attempt, max_attempts, token, due, created, format, headers, payload in (
                 _CLAIM.rows(r)
             )
         ]

@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from delayq import hooks
 from delayq.codec import DEFAULT_MAX_PAYLOAD
 from delayq.connection import RETRIES, async_client, check_client, resolve_url, sync_client
 from delayq.core import (
@@ -34,6 +35,7 @@ from delayq.core import (
 from delayq.cron import ops as cron_ops
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.expiring.facade import AsyncExpiring, Expiring
+from delayq.hooks import BeforeSchedule
 from delayq.keys import DEFAULT_PREFIX
 from delayq.runner import AsyncRunner, Call, Durable, Plan, SyncRunner, batch_plan, call
 from delayq.shards import (
@@ -56,8 +58,11 @@ SCHEDULE_BATCH = 1000  # tasks per script call in schedule_many
 CALLS_PER_ROUND_TRIP = 8
 
 
+_OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"))
+
+
 def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
-    unknown = set(options) - {"delay", "at", "task_id", "replace", "max_attempts", "durable"}
+    unknown = options.keys() - _OPTIONS
     if unknown:
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
     return TaskSpec(
@@ -67,6 +72,7 @@ def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
         at=options.get("at"),
         task_id=options.get("task_id"),
         max_attempts=options.get("max_attempts", 0),
+        headers=options.get("headers"),
     )
 
 
@@ -80,7 +86,42 @@ def _as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
 
 
 def _with_id(spec: TaskSpec, task_id: str) -> TaskSpec:
-    return TaskSpec(spec.kind, spec.payload, spec.delay, spec.at, task_id, spec.max_attempts)
+    return TaskSpec(
+        spec.kind, spec.payload, spec.delay, spec.at, task_id, spec.max_attempts, spec.headers
+    )
+
+
+def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
+    """``spec`` as the hooks leave it. Each is given a spec whose ``headers`` is a dict of
+    its own (a copy of the caller's, or a new one), to add to in place; one may instead
+    return a new spec (None keeps the one given). The caller's spec and dict never change."""
+    spec = TaskSpec(
+        spec.kind,
+        spec.payload,
+        spec.delay,
+        spec.at,
+        spec.task_id,
+        spec.max_attempts,
+        {} if spec.headers is None else dict(spec.headers),
+    )
+    for hook in hooks:
+        new = hook(spec)
+        if new is None:
+            continue
+        if not isinstance(new, TaskSpec):
+            raise ConfigurationError(
+                f"the before_schedule hook {hook!r} returned {new!r:.200}: return a TaskSpec "
+                "(dataclasses.replace(spec, ...)) or None (the spec given, headers added "
+                "in place)"
+            )
+        spec = new if new.headers is not None else _with_headers(new, {})
+    return spec
+
+
+def _with_headers(spec: TaskSpec, headers: dict[str, str]) -> TaskSpec:
+    return TaskSpec(
+        spec.kind, spec.payload, spec.delay, spec.at, spec.task_id, spec.max_attempts, headers
+    )
 
 
 Progress = Callable[[int], None]  # hears how many tasks each batch handled
@@ -131,7 +172,14 @@ class _Base(Generic[C]):
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
         clock: Clock | None = None,
+        before_schedule: Iterable[BeforeSchedule] = (),
     ) -> None:
+        self.before_schedule: list[BeforeSchedule] = list(before_schedule)
+        for hook in self.before_schedule:
+            if not callable(hook):
+                raise ConfigurationError(
+                    f"before_schedule takes functions (spec) -> TaskSpec | None, got {hook!r}"
+                )
         if clock is not None and not callable(getattr(clock, "now_ms", None)):
             raise ConfigurationError(
                 f"clock must be a delayq.testing.VirtualClock (anything with now_ms()), got "
@@ -188,8 +236,12 @@ class _Base(Generic[C]):
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool = False
     ) -> tuple[list[str], list[Op[list[str]]]]:
         """(ids in the order given, script calls per shard). Everything is validated and
-        encoded first: a bad task refuses the whole call unwritten."""
+        encoded first: a bad task refuses the whole call unwritten. The before_schedule
+        hooks, the process-wide ones (delayq.hooks) first, see each spec before that."""
         specs = [_as_spec(t) for t in tasks]
+        if hooks.before_schedule or self.before_schedule:  # (nothing more when none)
+            chain = [*hooks.before_schedule, *self.before_schedule]
+            specs = [_run_hooks(chain, s) for s in specs]
         fresh = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
         specs = [s if s.task_id is not None else _with_id(s, next(fresh)) for s in specs]
         ids = [validate_task_id(s.task_id) for s in specs]
@@ -362,6 +414,13 @@ class Queue(_Base[redis.Redis]):
         clock: for tests, a ``delayq.testing.VirtualClock``: every time this queue and a
             worker on it use (due times, leases, backoff, the dedupe window, cron, expiring
             keys) is read from it instead of the server's clock (docs/testing.md).
+        before_schedule: functions ``fn(spec)`` given each :class:`TaskSpec` of
+            ``schedule`` and ``schedule_many`` before it is validated, after those of
+            ``delayq.hooks.before_schedule`` (process-wide, read at each call). ``spec``
+            is frozen, but its ``headers`` is always a dict of the hook's own (a copy of
+            the caller's, or a new empty one): add to it in place and return None, or
+            return a new spec (``dataclasses.replace(spec, payload=...)``). An exception
+            from a hook refuses the call, unwritten.
     """
 
     def _new_client(self, url: str) -> redis.Redis:
@@ -417,6 +476,11 @@ class Queue(_Base[redis.Redis]):
                   handler's (0, the default: the handler's).
                 - ``durable``: wait for the server's AOF fsync (see ``durable_timeout``
                   and ``durable_replicas`` of :class:`Queue`).
+                - ``headers``: a dict of str to str that travels with the task (trace
+                  context, a tenant): ``task.headers`` in the handler, ``TaskInfo.headers``,
+                  shown by ``delayq task show`` and the dashboard. At most 4 KiB as JSON;
+                  kept across retries, replays and reschedules (``replace=True`` writes the
+                  new call's).
         """
         return self.runner.drive(self._schedule_plan(kind, payload, options))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -18,6 +18,10 @@ class Task:
 
     ``lease_lost`` is set when the worker learns that its lease is gone (expired or taken
     over): a long sync handler may check it to stop early, since its result will be refused.
+
+    ``headers`` is what the producer attached (``schedule(..., headers=...)`` or a
+    ``before_schedule`` hook): a dict of str to str, ``{}`` for none, the task's own (the
+    same on every attempt, replay and reschedule).
     """
 
     __match_args__ = ("id", "kind", "payload", "attempt", "max_attempts", "due_at", "queue")
@@ -32,6 +36,7 @@ class Task:
         due_at: datetime,
         queue: str,
         token: int,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.id = id
         self.kind = kind
@@ -42,6 +47,7 @@ class Task:
         self._due_ms = 0.0
         self.queue = queue
         self.token = token
+        self.headers: dict[str, str] = {} if headers is None else headers
         self._lease_lost: threading.Event | None = None
 
     @classmethod
@@ -55,6 +61,7 @@ class Task:
         due_ms: float,
         queue: str,
         token: int,
+        headers: dict[str, str] | None = None,
     ) -> Task:
         """A worker's task: ``due_at`` is made from ``due_ms`` when first read, since most
         handlers never read it and a datetime costs about a microsecond per task."""
@@ -63,6 +70,7 @@ class Task:
         task.attempt, task.max_attempts = attempt, max_attempts
         task._due_at, task._due_ms = None, due_ms
         task.queue, task.token, task._lease_lost = queue, token, None
+        task.headers = {} if headers is None else headers
         return task
 
     @property
@@ -183,6 +191,8 @@ class TaskInfo:
     lease_deadline: datetime | None = None
     finished_at: datetime | None = None
     queue: str = ""
+    # What the producer attached (schedule(..., headers=)); {} for none.
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

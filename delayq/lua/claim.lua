@@ -16,9 +16,10 @@
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
 -- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
 -- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
--- REPLY {now, next_due, next_lease} then per task {id, kind, attempt, max_attempts, token, due, created, format, payload}
+-- REPLY {now, next_due, next_lease} then per task {id, kind, attempt, max_attempts, token, due, created, format, headers, payload}
 -- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
---          attempt, max_attempts, token, due, created, format ("" for JSON), payload}; the
+--          attempt, max_attempts, token, due, created, format ("" for JSON), headers (their
+--          JSON object as the record holds it, "" for none), payload}; the
 --          other times are ms (-1 when there is none); a due time with microseconds comes
 --          as a string. The header's fields come decoded, so the worker parses no JSON but
 --          the payload's. A record whose header cannot be decoded goes to the dead set.
@@ -56,11 +57,11 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
     local lease = tonumber(A.lease_ms)
     -- Tables grow by index counters (n, o): "#t + 1" costs a search on every insert.
     local claims, leases, corrupt, n, o = {}, {}, {}, 0, #out
-    local headers = {}  -- see dq_split_cached
+    local cache = {}  -- see dq_split_cached
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
-      local h, payload, created = nil, nil, nil
-      if recs[j] then h, payload, created = dq_split_cached(recs[j], headers) end
+      local h, payload, created, hs = nil, nil, nil, nil
+      if recs[j] then h, payload, created, hs = dq_split_cached(recs[j], cache) end
       if h then
         -- A task never claimed has no entry: its first attempt.
         local attempt = 1
@@ -79,8 +80,9 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         out[o + 6] = at % 1 == 0 and at or dq_ms(at)  -- ms, maybe with us
         out[o + 7] = created or 0
         out[o + 8] = type(h.f) == 'string' and h.f or ''
-        out[o + 9] = payload
-        o = o + 9
+        out[o + 9] = hs
+        out[o + 10] = payload
+        o = o + 10
       elseif recs[j] then
         corrupt[#corrupt + 1] = id
       end

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayq.backoff import delay_for
-from delayq.codec import Codec, RecordError, decode_payload
+from delayq.codec import Codec, RecordError, decode_headers, decode_payload
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.task import Task
@@ -51,7 +51,7 @@ def _cancelled_by_us() -> bool:
 
 
 def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
-    """Decode the payload; raises RecordError for a payload no codec can read."""
+    """Decode the payload and headers; raises RecordError for either, unreadable."""
     h = claimed.header
     return Task.claimed(
         claimed.id,
@@ -62,6 +62,7 @@ def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
         h.due_ms if h.due_ms is not None else 0,
         queue,
         h.token,
+        decode_headers(h.headers) if h.headers else {},  # the task's own dict
     )
 
 

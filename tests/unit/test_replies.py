@@ -18,7 +18,18 @@ READ: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (
         "claim",
         ("now", "next_due", "next_lease"),
-        ("id", "kind", "attempt", "max_attempts", "token", "due", "created", "format", "payload"),
+        (
+            "id",
+            "kind",
+            "attempt",
+            "max_attempts",
+            "token",
+            "due",
+            "created",
+            "format",
+            "headers",
+            "payload",
+        ),
     ),
     *((name, (), ("id",)) for name in ("ack", "retry", "bury", "release", "extend")),
     ("schedule", (), ("status",)),
@@ -72,8 +83,8 @@ def test_the_decoders_names_are_in_the_declarations(
 
 def test_the_decoders_read_their_positions_from_the_declaration() -> None:
     claim = SCRIPTS["claim"].reply
-    assert (claim.head, claim.stride, claim.tail) == (3, 9, 0)
-    assert (claim.at("now"), claim.field("token"), claim.field("payload")) == (0, 4, 8)
+    assert (claim.head, claim.stride, claim.tail) == (3, 10, 0)
+    assert (claim.at("now"), claim.field("token"), claim.field("payload")) == (0, 4, 9)
     assert (leasing._NOW, leasing._NEXT_DUE, leasing._NEXT_LEASE) == (0, 1, 2)
     assert inspect._LATER == -1 and inspect._OVERDUE == 1
     assert cron_ops._READ_NOW == 0

@@ -44,16 +44,21 @@ local function dq_split(rec)
   return h, payload
 end
 
--- dq_split for a claim's batch. A producer writes a header as '<fields>,"c":<created>}'
--- (codec.record_prefix), and the fields before "c" (kind, max attempts, format) repeat across
--- a queue's tasks: they are decoded once per call, in cache. The header returned is shared
+-- dq_split for a claim's batch. A producer writes a header as '<fields>,"c":<created>}', or
+-- '<fields>,"c":<created>,"h":<headers>}' with headers (codec.record_prefix and
+-- encode_headers), and the fields before "c" (kind, max attempts, format) repeat across a
+-- queue's tasks: they are decoded once per call, in cache. The header returned is shared
 -- between tasks: read it, never change it. Returns header (nil if undecodable), payload,
--- created (nil if unknown).
+-- created (nil if unknown), headers (their JSON object as text, undecoded; '' for none).
 local function dq_split_cached(rec, cache)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end
-  -- Greedy: the last ',"c":' of the line, which no JSON string can hold unescaped.
-  local pre, c = string.match(string.sub(rec, 1, nl - 1), '^(.*),"c":(%d+)}$')
+  -- Greedy: the last ',"c":' of the line followed by digits, which no JSON string can hold
+  -- unescaped, and header values (strings) cannot follow with digits.
+  local line = string.sub(rec, 1, nl - 1)
+  local hs = ''
+  local pre, c = string.match(line, '^(.*),"c":(%d+)}$')
+  if not pre then pre, c, hs = string.match(line, '^(.*),"c":(%d+),"h":({.*})}$') end
   if pre then
     local h = cache[pre]
     if h == nil then
@@ -61,10 +66,12 @@ local function dq_split_cached(rec, cache)
       cache[pre] = h
     end
     local created = tonumber(c)
-    if h and dq_finite(created) then return h, string.sub(rec, nl + 1), created end
+    if h and dq_finite(created) then return h, string.sub(rec, nl + 1), created, hs end
   end
   local h, payload = dq_split(rec)
-  return h, payload, h and h.c
+  hs = ''
+  if h and type(h.h) == 'table' then hs = cjson.encode(h.h) end
+  return h, payload, h and h.c, hs
 end
 
 -- A time for a reply or a stored text: a whole ms as an integer, one with microseconds with
