@@ -17,6 +17,12 @@ def safe(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def one_line(text: str) -> str:
+    """A header's name or value on one line: newlines and tabs written as \\n and \\t, other
+    control characters as in :func:`safe`."""
+    return safe(text.replace("\n", "\\n").replace("\t", "\\t"))
+
+
 def human_seconds(s: float) -> str:
     """0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'."""
     if s < 1:
@@ -57,6 +63,7 @@ def task_dict(info: TaskInfo) -> dict[str, Any]:
         "state": info.state,
         "kind": info.kind,
         "payload": info.payload,
+        "headers": dict(info.headers),
         "attempts": info.attempts,
         "max_attempts": info.max_attempts,
         "due_at": _iso(info.due_at),

@@ -30,6 +30,7 @@ from delayq.cli.common import (
     human_seconds,
     json_option,
     need_queue,
+    one_line,
     payload_text,
     queue_option,
     queues_option,
@@ -87,6 +88,18 @@ def _at(text: str | None) -> datetime | float | None:
     return at
 
 
+def _headers(items: tuple[str, ...]) -> dict[str, str] | None:
+    headers: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(
+                f"{item!r} is not NAME=VALUE, e.g. --header tenant=a", param_hint="--header"
+            )
+        headers[name] = value
+    return headers or None
+
+
 def _queue_and_kind(words: tuple[str, ...], queue: str | None) -> tuple[str | None, str]:
     """KIND with -q/--queue (or $DELAYQ_QUEUE); the older ``QUEUE KIND`` still works."""
     if len(words) == 1:
@@ -126,6 +139,13 @@ def _queue_and_kind(words: tuple[str, ...], queue: str | None) -> tuple[str | No
     default=0,
     help="Attempt limit (0: the handler's).",
 )
+@click.option(
+    "--header",
+    "header_items",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A header for the task (task.headers); repeat for several.",
+)
 @url_option
 @json_option
 def schedule(
@@ -137,6 +157,7 @@ def schedule(
     task_id: str | None,
     replace: bool,
     max_attempts: int,
+    header_items: tuple[str, ...],
     url: str | None,
     as_json: bool,
 ) -> None:
@@ -148,6 +169,7 @@ def schedule(
     if delay is not None and at_text is not None:
         raise click.UsageError("pass --delay or --at, not both")
     data, at, secs = _payload(payload), _at(at_text), duration(delay, "--delay")
+    headers = _headers(header_items)
     with connect(url) as admin:
         queue = need_queue(admin, queue)
         q = admin.queue(queue)
@@ -160,6 +182,7 @@ def schedule(
                 task_id=task_id,
                 replace=replace,
                 max_attempts=max_attempts,
+                headers=headers,
             )
         except InvalidTaskError as e:
             raise click.ClickException(str(e)) from None
@@ -314,6 +337,8 @@ def _show(info: TaskInfo, now: datetime) -> None:
         rows.append((label, f"{info.finished_at.isoformat()} ({relative(info.finished_at, now)})"))
     for label, value in rows:
         click.echo(f"{label:>12}  {safe(value)}")
+    for i, (name, value) in enumerate(sorted(info.headers.items())):
+        click.echo(f"{'headers' if i == 0 else '':>12}  {one_line(name)}: {one_line(value)}")
     click.echo(f"{'payload':>12}  " + payload_text(info.payload).replace("\n", "\n" + " " * 14))
     if info.last_error:
         click.echo(f"{'last error':>12}  " + safe(info.last_error).replace("\n", "\n" + " " * 14))
@@ -330,7 +355,7 @@ def task() -> None:
 @url_option
 @json_option
 def task_show(task_id: str, queues: tuple[str, ...], url: str | None, as_json: bool) -> None:
-    """Show a task: state, times, attempts, payload, last error (looks in every queue
+    """Show a task: state, times, attempts, headers, payload, last error (looks in every queue
     unless --queue is given).
 
     With --json: the task as an object, or a list when the id is in no queue or several.

@@ -13,12 +13,19 @@ from typing import Any, TypeVar
 import click
 
 from delayq.admin.inspect import Admin
-from delayq.admin.present import human_seconds, payload_text, relative, safe, task_dict
+from delayq.admin.present import (
+    human_seconds,
+    one_line,
+    payload_text,
+    relative,
+    safe,
+    task_dict,
+)
 from delayq.connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.timing import parse_duration
 
-__all__ = ["human_seconds", "payload_text", "relative", "safe", "task_dict"]
+__all__ = ["human_seconds", "one_line", "payload_text", "relative", "safe", "task_dict"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -37,6 +37,7 @@ from delayq.admin.metrics import QueueCollector
 from delayq.admin.present import (
     first_line,
     human_seconds,
+    one_line,
     payload_text,
     preview,
     relative,
@@ -65,6 +66,7 @@ class Dashboard:
             human=human_seconds,
             preview=preview,
             pretty=payload_text,
+            one_line=one_line,
             reason=first_line,
             ts=timestamp,
         )
