@@ -47,7 +47,7 @@ class Task:
         self._due_ms = 0.0
         self.queue = queue
         self.token = token
-        self.headers: dict[str, str] = {} if headers is None else headers
+        self._headers = headers
         self._lease_lost: threading.Event | None = None
 
     @classmethod
@@ -69,8 +69,7 @@ class Task:
         task.id, task.kind, task.payload = id, kind, payload
         task.attempt, task.max_attempts = attempt, max_attempts
         task._due_at, task._due_ms = None, due_ms
-        task.queue, task.token, task._lease_lost = queue, token, None
-        task.headers = {} if headers is None else headers
+        task.queue, task.token, task._lease_lost, task._headers = queue, token, None, headers
         return task
 
     @property
@@ -82,6 +81,19 @@ class Task:
     @due_at.setter
     def due_at(self, value: datetime) -> None:
         self._due_at = value
+
+    @property
+    def headers(self) -> dict[str, str]:
+        # Made on first read when there are none: most tasks have none, and most handlers
+        # never read them.
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = {}
+        return headers
+
+    @headers.setter
+    def headers(self, value: dict[str, str]) -> None:
+        self._headers = value
 
     @property
     def lease_lost(self) -> threading.Event:

@@ -62,7 +62,7 @@ def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
         h.due_ms if h.due_ms is not None else 0,
         queue,
         h.token,
-        decode_headers(h.headers) if h.headers else {},  # the task's own dict
+        decode_headers(h.headers) if h.headers else None,  # None: {} on first read
     )
 
 
