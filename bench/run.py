@@ -30,6 +30,7 @@ import expiring
 import idle
 import lateness
 import memory
+import otel
 import schedule
 import soak
 import testing_speed
@@ -47,6 +48,7 @@ BENCHMARKS = {
         expiring,
         durable,
         testing_speed,
+        otel,
         soak,
         cluster,
     )

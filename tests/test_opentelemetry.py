@@ -1,0 +1,174 @@
+"""delayq.contrib.opentelemetry: one trace from the scheduling request through every attempt,
+exported by the OpenTelemetry SDK's in-memory exporter, on a real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from delayq import AsyncQueue, Discard, Fail, Queue, Retry, Task, TaskSpec, Worker
+from delayq.contrib.opentelemetry import instrument, is_instrumented, uninstrument
+from delayq.embedded import EmbeddedServer
+from delayq.testing import VirtualClock, adrain, drain
+
+
+class Traced:
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = self.provider.get_tracer("app")
+
+    def spans(self, name: str | None = None) -> list[ReadableSpan]:
+        found = list(self.exporter.get_finished_spans())
+        return [s for s in found if name is None or s.name == name]
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    t = Traced()
+    instrument(tracer_provider=t.provider)
+    try:
+        yield t
+    finally:
+        uninstrument()
+
+
+@pytest.fixture
+def vqueue(server: EmbeddedServer, qname: str) -> Iterator[Queue]:
+    q = Queue(qname, url=server.url, clock=VirtualClock())
+    yield q
+    q.close()
+
+
+def test_one_trace_across_the_request_the_task_and_its_retry(
+    traced: Traced, vqueue: Queue
+) -> None:
+    worker = Worker(vqueue)
+
+    @worker.handler("charge", max_attempts=3, jitter=0, backoff=[30])
+    def charge(task: Task) -> None:
+        if task.attempt == 1:
+            raise ConnectionError("payment service down")
+
+    with traced.tracer.start_as_current_span("POST /orders") as request:
+        vqueue.schedule("charge", {"order": 1}, task_id="charge:1", delay=60)
+    out = drain(worker, until=timedelta(minutes=5))
+    assert [(r.attempt, r.outcome) for r in out.ran] == [(1, "retry"), (2, "done")]
+
+    (req,) = traced.spans("POST /orders")
+    (send,) = traced.spans(f"send {vqueue.name}")
+    first, second = sorted(traced.spans(f"process {vqueue.name}"), key=lambda s: s.start_time or 0)
+    trace_id = request.get_span_context().trace_id
+    assert {s.context.trace_id for s in (req, send, first, second) if s.context} == {trace_id}
+    assert send.kind is SpanKind.PRODUCER and send.parent is not None
+    assert send.parent.span_id == req.context.span_id  # type: ignore[union-attr]
+    assert send.attributes is not None and send.attributes["messaging.message.id"] == "charge:1"
+    assert send.attributes["messaging.system"] == "delayq"
+    assert send.attributes["messaging.destination.name"] == vqueue.name
+    assert send.attributes["messaging.operation.type"] == "send"
+    for attempt, span in ((1, first), (2, second)):
+        assert span.kind is SpanKind.CONSUMER
+        assert span.parent is not None and span.parent.span_id == send.context.span_id  # type: ignore[union-attr]
+        attrs = span.attributes or {}
+        assert attrs["messaging.operation.type"] == "process"
+        assert attrs["messaging.message.id"] == "charge:1"
+        assert attrs["delayq.task.kind"] == "charge"
+        assert attrs["delayq.attempt"] == attempt
+        assert isinstance(attrs["delayq.lateness_ms"], float)
+    assert first.status.status_code is StatusCode.ERROR
+    assert [e.name for e in first.events] == ["exception"]
+    assert (first.events[0].attributes or {})["exception.type"] == "ConnectionError"
+    assert (first.attributes or {})["delayq.outcome"] == "error"
+    assert second.status.status_code is not StatusCode.ERROR
+    assert (second.attributes or {})["delayq.outcome"] == "done"
+
+
+def test_retry_discard_and_fail_are_outcomes_not_errors(traced: Traced, vqueue: Queue) -> None:
+    worker = Worker(vqueue)
+
+    @worker.handler("k", max_attempts=2, jitter=0, backoff=[1])
+    def k(task: Task) -> None:
+        match task.payload, task.attempt:
+            case "retry", 1:
+                raise Retry("later", after=1)
+            case "discard", _:
+                raise Discard("nothing to do")
+            case "fail", _:
+                raise Fail("bad input")
+
+    vqueue.schedule_many([TaskSpec("k", p, task_id=p) for p in ("retry", "discard", "fail")])
+    drain(worker, until=timedelta(minutes=1))
+    outcomes = sorted(
+        ((s.attributes or {})["messaging.message.id"], (s.attributes or {})["delayq.outcome"])
+        for s in traced.spans(f"process {vqueue.name}")
+    )
+    assert outcomes == [
+        ("discard", "discard"),
+        ("fail", "fail"),
+        ("retry", "done"),
+        ("retry", "retry"),
+    ]
+    assert all(
+        s.status.status_code is not StatusCode.ERROR and not s.events
+        for s in traced.spans(f"process {vqueue.name}")
+    )
+    (batch,) = traced.spans(f"send {vqueue.name}")
+    assert (batch.attributes or {})["messaging.batch.message_count"] == 3
+
+
+async def test_asyncio_queue_and_worker(traced: Traced, server: EmbeddedServer, qname: str) -> None:
+    queue = AsyncQueue(qname, url=server.url, clock=VirtualClock())
+    worker = Worker(queue)
+    seen: list[str] = []
+
+    @worker.handler("ping")
+    async def ping(task: Task) -> None:
+        seen.append(task.headers.get("traceparent", ""))
+
+    with traced.tracer.start_as_current_span("job") as parent:
+        await queue.schedule("ping", task_id="p")
+    await adrain(worker)
+    await queue.close()
+    trace_hex = format(parent.get_span_context().trace_id, "032x")
+    assert len(seen) == 1 and seen[0].split("-")[1] == trace_hex
+    (process,) = traced.spans(f"process {qname}")
+    assert process.context is not None and process.context.trace_id == parent.get_span_context().trace_id
+
+
+def test_uninstrument_stops_tracing_and_restores_the_queue(server: EmbeddedServer, qname: str) -> None:
+    original = Queue.schedule
+    t = Traced()
+    instrument(tracer_provider=t.provider)
+    instrument(tracer_provider=t.provider)  # idempotent
+    assert is_instrumented() and Queue.schedule is not original
+    uninstrument()
+    assert not is_instrumented() and Queue.schedule is original
+    with Queue(qname, url=server.url) as q:
+        q.schedule("k", task_id="x")
+        info = q.get("x")
+    assert info is not None and "traceparent" not in info.headers
+    assert t.spans() == []
+
+
+def test_without_the_extra_the_import_names_the_pip_command() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "try:\n"
+        "    import delayq.contrib.opentelemetry\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "MissingExtra delayq.contrib.opentelemetry needs the otel extra: "
+        "pip install 'delayq[otel]'"
+    )
