@@ -49,9 +49,7 @@ def vqueue(server: EmbeddedServer, qname: str) -> Iterator[Queue]:
     q.close()
 
 
-def test_one_trace_across_the_request_the_task_and_its_retry(
-    traced: Traced, vqueue: Queue
-) -> None:
+def test_one_trace_across_the_request_the_task_and_its_retry(traced: Traced, vqueue: Queue) -> None:
     worker = Worker(vqueue)
 
     @worker.handler("charge", max_attempts=3, jitter=0, backoff=[30])
@@ -141,10 +139,15 @@ async def test_asyncio_queue_and_worker(traced: Traced, server: EmbeddedServer, 
     trace_hex = format(parent.get_span_context().trace_id, "032x")
     assert len(seen) == 1 and seen[0].split("-")[1] == trace_hex
     (process,) = traced.spans(f"process {qname}")
-    assert process.context is not None and process.context.trace_id == parent.get_span_context().trace_id
+    assert (
+        process.context is not None
+        and process.context.trace_id == parent.get_span_context().trace_id
+    )
 
 
-def test_uninstrument_stops_tracing_and_restores_the_queue(server: EmbeddedServer, qname: str) -> None:
+def test_uninstrument_stops_tracing_and_restores_the_queue(
+    server: EmbeddedServer, qname: str
+) -> None:
     original = Queue.schedule
     t = Traced()
     instrument(tracer_provider=t.provider)
@@ -169,6 +172,5 @@ def test_without_the_extra_the_import_names_the_pip_command() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == (
-        "MissingExtra delayq.contrib.opentelemetry needs the otel extra: "
-        "pip install 'delayq[otel]'"
+        "MissingExtra delayq.contrib.opentelemetry needs the otel extra: pip install 'delayq[otel]'"
     )
