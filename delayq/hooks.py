@@ -1,6 +1,7 @@
 """Process-wide hooks, for instrumentation that must reach every queue and worker (such as
-``delayq.contrib.opentelemetry.instrument()``): what is registered here applies to every
-``Queue``/``AsyncQueue`` and ``Worker`` made afterwards, before their own hooks.
+``delayq.contrib.opentelemetry.instrument()``): what is registered here applies, before
+their own hooks, to every ``Queue``/``AsyncQueue`` call from then on and to every ``Worker``
+that starts serving afterwards (a worker already serving keeps the chain it started with).
 
 - ``before_schedule``: functions given each ``TaskSpec`` before it is encoded; one may add
   headers to ``spec.headers``, or return a new spec (None keeps the one given).
