@@ -5,9 +5,9 @@ The drain's ceiling is whichever side runs out first, the server (one core) or t
 ack scripts per task, in batches of 16 (a worker's slots) and 500 (claimed ahead), on a
 fresh server holding 20,000 due tasks, next to the floor's claim script (bench/peers) on
 the same server. Worker: CPU per task of the per-task path without Redis (``Runs`` and
-``Executor`` running an async no-op handler), of parsing a claim reply and of packing an
-ack call; the floor's own per-task Python is a split and a line written. No bar: the
-figures explain the drain bar (docs/benchmarks.md).
+``Executor`` running an async no-op handler, also with one no-op middleware around it), of
+parsing a claim reply and of packing an ack call; the floor's own per-task Python is a split
+and a line written. No bar: the figures explain the drain bar (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -72,12 +72,17 @@ def server_side(rep: Report, n: int) -> None:
         )
 
 
-async def _runs_path(n: int) -> float:
+async def _runs_path(n: int, middleware: bool = False) -> float:
     async def noop(task: Any) -> None:
         return None
 
+    async def passthrough(task: Any, call_next: Any) -> Any:
+        return await call_next(task)
+
     worker = Worker(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
     worker.handler("noop")(noop)
+    if middleware:
+        worker.middleware(passthrough)
     loop = asyncio.get_running_loop()
     runner = AsyncRunner(async_client(worker.queue.url))
     ctx = worker.context(runner, HandlerThreads(0, loop, "bench"), asyncio.Event())
@@ -105,6 +110,7 @@ async def _runs_path(n: int) -> float:
 
 def worker_side(rep: Report, n: int) -> None:
     runs_us = asyncio.run(_runs_path(n))
+    mw_us = asyncio.run(_runs_path(n, middleware=True))
     core = Queue("costs", url="redis://127.0.0.1:1/0").core  # builders only: never connects
     op = leasing.claim(core, limit=1000, lease_ms=30_000)
     reply = [1, -1, -1]
@@ -128,7 +134,11 @@ def worker_side(rep: Report, n: int) -> None:
         f"worker: runs + executor + no-op handler {runs_us:.2f}, claim reply parse "
         f"{parse_us:.2f}, ack packing {pack_us:.2f} us/task (CPU, no Redis)"
     )
-    rep.figure("worker", {"runs_us": runs_us, "parse_us": parse_us, "pack_us": pack_us})
+    rep.line(f"worker: the same with one no-op middleware {mw_us:.2f} us/task (CPU, no Redis)")
+    rep.figure(
+        "worker",
+        {"runs_us": runs_us, "middleware_us": mw_us, "parse_us": parse_us, "pack_us": pack_us},
+    )
 
 
 def run(rep: Report) -> None:

@@ -54,11 +54,17 @@ def _is_factory(obj: Any) -> bool:
     )
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
+def _logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from delayq.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+        )
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 MAIN_EPILOG = f"""\b
@@ -126,6 +132,14 @@ Environment:
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one JSON object per line (time, level, logger, message, task_id, kind, "
+    "attempt, queue, exception).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
@@ -144,6 +158,7 @@ def worker(
     lease: str | None,
     embedded: bool,
     log_level: str,
+    log_format: str,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -153,7 +168,7 @@ def worker(
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
-    _logging(log_level)
+    _logging(log_level, log_format)
     with ExitStack() as stack:
         if embedded:
             url = _embedded(stack)

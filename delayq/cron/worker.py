@@ -188,7 +188,9 @@ class Schedules:
                 )
             # The handler runs our wrapper, which applies the timeout to the function only
             # (an occurrence waiting for a max_running slot is not timed out).
-            handler = make_handler(sched.kind, self._runner_for(sched.name), **options)
+            handler = make_handler(
+                sched.kind, self._runner_for(sched.name), internal=True, **options
+            )
             probe = make_handler(sched.kind, fn, timeout=timeout)
             self.registry.add(handler)
             self.entries[sched.name] = _Entry(sched, fn, probe.is_async, probe.timeout)

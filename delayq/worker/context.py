@@ -3,20 +3,23 @@
 The engine (``execute.py``) and the features built on it (``cron/worker.py``,
 ``expiring/worker.py``) receive the context, never the :class:`~delayq.worker.Worker`; this
 module imports none of them. It also holds the one way a handler is called
-(:meth:`WorkerContext.invoke`: on the loop or in a handler thread, with its timeout) and the
-one reading of what a handler's exception means (:func:`classify`).
+(:meth:`WorkerContext.invoke`: through the middleware, then on the loop or in a handler
+thread, with its timeout) and the one reading of what a handler's exception means
+(:func:`classify`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from delayq.core import QueueCore
 from delayq.errors import Defer, Discard, Fail, Retry
+from delayq.hooks import CallNext, Middleware
 from delayq.runner import AsyncRunner
 from delayq.shards import Shards
 from delayq.task import Task
@@ -29,6 +32,9 @@ from delayq.worker.waker import Waker
 
 StartupHook = Callable[["WorkerContext"], Awaitable[None]]
 Loop = Callable[[], Coroutine[Any, Any, None]]
+# The middleware composed: ``chain(task, terminal)`` runs each middleware, outermost first,
+# and the innermost one's ``call_next`` is ``terminal`` (the handler's call).
+Chain = Callable[[Task, CallNext], Awaitable[Any]]
 
 
 class Invocable(Protocol):
@@ -79,13 +85,35 @@ def classify(e: BaseException, task: Task) -> Verdict:
     return Verdict("retrying" if will_retry else "dead", f"{type(e).__name__}: {e}", failed=True)
 
 
+def compose(middleware: Sequence[Middleware]) -> Chain | None:
+    """The middleware as one chain, the first outermost; None when there is none (the
+    handler is then called directly). Built once per serving worker: a call through it makes
+    one small ``call_next`` per middleware but the innermost (which gets the handler's call)."""
+    if not middleware:
+        return None
+    *outer, innermost = middleware
+    chain: Chain = innermost  # its call_next is the handler's call
+    for mw in reversed(outer):
+        chain = _layer(mw, chain)
+    return chain
+
+
+def _layer(mw: Middleware, inner: Chain) -> Chain:
+    async def layer(task: Task, terminal: CallNext) -> Any:
+        return await mw(task, lambda t: inner(t, terminal))
+
+    return layer
+
+
 class WorkerContext:
     """The runtime of one serving worker, built once when serving begins.
 
     Holds the queue's shards (``core`` is the home shard), the runner, the handler threads,
     the server clock, the ``stopping`` event (set when the worker begins to shut down), the
     handler registry, the start-up hooks (each awaited with the context, in order, before
-    the first claim), the event listeners, the wake-up listener and the worker's id.
+    the first claim), the event listeners, the wake-up listener, the worker's id and its
+    middleware (the process-wide ``delayq.hooks.middleware`` first, then the worker's own),
+    composed here once.
     """
 
     def __init__(
@@ -102,6 +130,7 @@ class WorkerContext:
         waker: Waker,
         supervisor: Supervisor,
         worker_id: str,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.shards = shards
         self.core: QueueCore = shards.home
@@ -115,6 +144,8 @@ class WorkerContext:
         self.waker = waker
         self.supervisor = supervisor
         self.worker_id = worker_id
+        self.middleware = tuple(middleware)
+        self.chain = compose(self.middleware)
         # The background loops, each under supervision: cancelled when the worker exits.
         self.loops: list[asyncio.Task[None]] = []
 
@@ -146,10 +177,26 @@ class WorkerContext:
     async def invoke(
         self, handler: Invocable, task: Task, arg: Any = None, what: str = "handler"
     ) -> Any:
-        """Call ``handler.fn(arg)`` (``arg`` None: the task) and return its result: an async
-        function on the loop, a sync one in a handler thread; past ``handler.timeout`` an
-        async one is cancelled, a sync one (a thread cannot be stopped) has its result
-        ignored and ``task.lease_lost`` set, so a cooperative function gives up."""
+        """Call ``handler.fn(arg)`` (``arg`` None: the task) through the middleware and
+        return its result (see :meth:`call`). Each middleware gets the task and ``call_next``;
+        the handler gets the task the innermost passes on (an expiry callback its ``arg``).
+        An exception from the handler or a middleware is the caller's to :func:`classify`."""
+        chain = self.chain
+        if chain is None:
+            return await self.call(handler, task, arg, what)
+        return await chain(task, functools.partial(self._terminal, handler, arg, what))
+
+    async def _terminal(self, handler: Invocable, arg: Any, what: str, task: Task) -> Any:
+        return await self.call(handler, task, arg, what)
+
+    async def call(
+        self, handler: Invocable, task: Task, arg: Any = None, what: str = "handler"
+    ) -> Any:
+        """Call ``handler.fn(arg)`` (``arg`` None: the task) without the middleware, and
+        return its result: an async function on the loop, a sync one in a handler thread;
+        past ``handler.timeout`` an async one is cancelled, a sync one (a thread cannot be
+        stopped) has its result ignored and ``task.lease_lost`` set, so a cooperative
+        function gives up."""
         if arg is None:
             arg = task
         if handler.is_async:

@@ -4,6 +4,12 @@ to the Finisher, which writes it.
 Outcomes: return -> done; ``Discard`` -> done, not retried; ``Fail`` -> dead now; ``Retry``
 -> again after its delay; any other exception -> again after the handler's backoff, or dead
 with the traceback once the attempts are spent. Every attempt is counted.
+
+The handler runs through the worker's middleware (``WorkerContext.invoke``); with none, an
+async handler without a timeout is awaited directly. Logs: a failed attempt that will be
+retried is one WARNING record, the attempt that leaves a task dead one ERROR record, each
+with the exception (``exc_info``: its traceback) and the ``task_id``, ``kind``, ``attempt``
+and ``queue`` as extra fields (:func:`log_fields`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
     return "+" + str(round(delay * 1000))
 
 
+def log_fields(task_id: str, kind: str, attempt: int, queue: str) -> dict[str, Any]:
+    """The ``extra`` of the records about one attempt: fields of the LogRecord, which a
+    JSON formatter (``delayq worker --log-format json``) or Sentry shows."""
+    return {"task_id": task_id, "kind": kind, "attempt": attempt, "queue": queue}
+
+
 def _cancelled_by_us() -> bool:
     """Whether the task running this attempt was cancelled (shutdown, a lost lease, a
     timeout), as opposed to a handler raising CancelledError of its own accord."""
@@ -73,6 +85,8 @@ class Executor:
         self.codecs = ctx.core.codecs
         self.events = ctx.events
         self.invoke = ctx.invoke
+        self.call = ctx.call  # without the middleware: for the internal handlers
+        self.bare = ctx.chain is None  # no middleware: the fast path below is allowed
         self.classify = ctx.classify
         # Told of every exception a handler raised, before it is classified (drain()'s
         # raise_errors); None in a serving worker.
@@ -85,14 +99,32 @@ class Executor:
         self.events.emit(TaskEvent(name, self.queue, h.kind, claimed.id, h.attempts, **fields))
 
     async def _bury(
-        self, task: Task | None, claimed: Claimed, reason: str, duration: float | None = None
+        self,
+        task: Task | None,
+        claimed: Claimed,
+        reason: str,
+        duration: float | None = None,
+        *,
+        summary: str | None = None,
+        exc: BaseException | None = None,
     ) -> Outcome:
-        self._emit("dead", claimed, duration=duration, error=reason.splitlines()[0])
+        """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
+        and ``exc``, the exception that killed it, with its traceback."""
+        first = reason.splitlines()[0] if reason else ""
+        self._emit("dead", claimed, duration=duration, error=first)
+        h = claimed.header
+        log.error(
+            "task %s (%s) is dead: %s",
+            claimed.id,
+            h.kind,
+            summary or first,
+            exc_info=exc,
+            extra=log_fields(claimed.id, h.kind, h.attempts, self.queue),
+        )
         await self._fire_on_dead(task, claimed.id, reason)
         return Outcome("bury", claimed.id, claimed.token, text=reason)
 
     async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
-        log.error("task %s is dead: %s", task_id, reason.splitlines()[0] if reason else "")
         for hook in self.registry.on_dead:
             try:
                 result = hook(task_id, reason, task)
@@ -131,8 +163,10 @@ class Executor:
         if self.events.listeners:
             self._emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
         try:
-            if handler.is_async and handler.timeout is None:
+            if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
                 await handler.fn(task)  # the usual case, one coroutine frame fewer
+            elif handler.internal:  # cron, expiry: they invoke the user's function themselves
+                await self.call(handler, task)
             else:
                 await self.invoke(handler, task)
         except asyncio.CancelledError as e:
@@ -158,8 +192,9 @@ class Executor:
         v = self.classify(e, task)
         if v.outcome == "deferred":
             return Outcome("release", task.id, task.token, due=f"+{v.due_ms}")
+        fields = log_fields(task.id, task.kind, task.attempt, self.queue)
         if v.outcome == "discarded":
-            log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error)
+            log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self._emit("discarded", claimed, duration=duration)
             return Outcome("discard", task.id, task.token)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
@@ -167,12 +202,23 @@ class Executor:
         if v.failed:
             self._emit("failed", claimed, duration=duration, error=v.error)
         if v.outcome == "dead":
+            attempts = f"attempt {task.attempt} of {task.max_attempts}"
             reason = v.reason
             if reason is None:
-                reason = f"attempt {task.attempt} of {task.max_attempts} failed:\n{text}"
-            return await self._bury(task, claimed, reason, duration)
+                reason = f"{attempts} failed:\n{text}"
+            summary = f"{attempts} failed: {v.error}" if unexpected else reason
+            return await self._bury(task, claimed, reason, duration, summary=summary, exc=e)
         if unexpected:
-            log.warning("task %s (%s) attempt %d failed: %r", task.id, task.kind, task.attempt, e)
+            log.warning(
+                "task %s (%s) attempt %d of %d failed, will retry: %s",
+                task.id,
+                task.kind,
+                task.attempt,
+                task.max_attempts,
+                v.error,
+                exc_info=e,
+                extra=fields,
+            )
         self._emit("retried", claimed, duration=duration)
         due = _retry_after(handler, task.attempt, v.after)
         return Outcome("retry", task.id, task.token, due, text)

@@ -26,6 +26,10 @@ class Handler:
     backoff: Backoff
     jitter: float
     timeout: float | None
+    # A worker's own dispatcher (a cron occurrence's runner, the expiry handler) that calls
+    # the user's function through WorkerContext.invoke itself: the middleware wraps that
+    # call, not this one.
+    internal: bool = False
 
     def attempts_allowed(self, record_max: int) -> int:
         """A limit given at schedule time (``max_attempts=``) wins over the handler's."""
@@ -40,6 +44,7 @@ def make_handler(
     backoff: Backoff = DEFAULT_BACKOFF,
     jitter: float = DEFAULT_JITTER,
     timeout: Duration | None = None,
+    internal: bool = False,
 ) -> Handler:
     validate_kind(kind)
     if not callable(fn):
@@ -63,6 +68,7 @@ def make_handler(
         backoff=validate_backoff(backoff),
         jitter=jitter,
         timeout=seconds(timeout, "timeout") if timeout is not None else None,
+        internal=internal,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import itertools
 import json
 import logging
@@ -25,12 +26,13 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from delayq import leasing
+from delayq import hooks, leasing
 from delayq.connection import async_client
 from delayq.cron.worker import Schedules
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
 from delayq.expiring.ops import EXPIRE_KIND
 from delayq.expiring.worker import ExpireFn, ExpiryWatcher
+from delayq.hooks import Middleware
 from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
@@ -141,6 +143,7 @@ class Worker:
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
         # Run in order once serving has begun: on_startup's and the extensions' own (cron).
         self._startup: list[StartupHook] = []
+        self._middleware: list[Middleware] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
         self._registered_at = -REGISTER_EVERY_S
@@ -193,7 +196,9 @@ class Worker:
         def register(fn: ExpireFn) -> ExpireFn:
             if self.registry.get(EXPIRE_KIND) is None:
                 self.registry.add(
-                    make_handler(EXPIRE_KIND, self.expiry.handle, max_attempts=max_attempts)
+                    make_handler(
+                        EXPIRE_KIND, self.expiry.handle, max_attempts=max_attempts, internal=True
+                    )
                 )
             self.expiry.add(pattern, fn)
             return fn
@@ -216,6 +221,24 @@ class Worker:
     def schedules(self) -> Schedules:
         """The periodic schedules declared with :meth:`cron` and :meth:`every`."""
         return Schedules(self.registry, self._startup)
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register ``async def fn(task, call_next)`` around every handler invocation: a
+        task's handler, a cron occurrence's function, an expiring key's callback (the
+        middleware sees the :class:`Task`; the callback still gets its ``Expired``).
+        ``return await call_next(task)`` runs the rest of the chain and the handler.
+
+        Several compose in registration order, the first outermost, inside the process-wide
+        ``delayq.hooks.middleware``. A sync handler's middleware runs on the event loop around
+        its thread call. An exception from a middleware is taken as the handler's would be
+        (``Retry``, ``Discard``, ``Fail``, ``Defer``, or an error). The chain is built when
+        the worker starts serving: register before that. See docs/observability.md."""
+        if not callable(fn) or (inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn)):
+            raise ConfigurationError(
+                f"a middleware is an async function (task, call_next), got {fn!r}"
+            )
+        self._middleware.append(fn)
+        return fn
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
@@ -325,6 +348,7 @@ class Worker:
             waker=waker,
             supervisor=self.supervisor,
             worker_id=self.id,
+            middleware=[*hooks.middleware, *self._middleware],
         )
         self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
         return ctx
