@@ -97,7 +97,7 @@ def test_retry_discard_and_fail_are_outcomes_not_errors(traced: Traced, vqueue: 
     def k(task: Task) -> None:
         match task.payload, task.attempt:
             case "retry", 1:
-                raise Retry("later", after=1)
+                raise Retry(after=1, reason="later")
             case "discard", _:
                 raise Discard("nothing to do")
             case "fail", _:
