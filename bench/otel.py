@@ -5,8 +5,10 @@ in-process ``Worker`` (concurrency 64) until ``stats().done`` reaches the count;
 process's CPU time per task, and the wall time. Instrumented, every attempt is a CONSUMER
 span made by the OpenTelemetry SDK (``TracerProvider``, ``BatchSpanProcessor``) and handed to
 an exporter that drops it, so the figure is what tracing costs the worker, not what a
-collector costs. Runs alternate plain / instrumented, 3 each; the bar: instrumented costs at
-most 2x the plain CPU per task (medians).
+collector costs. Runs alternate plain / instrumented / instrumented with 10% of traces
+sampled (parent-based: a task follows its producer's decision), 3 each; the bar: always-on
+instrumented costs at most 2x the plain CPU per task (medians). The sampled figure is
+reported beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from common import Report, fresh_server, median
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from delayq import AsyncQueue, Task, TaskSpec, Worker
 from delayq.contrib.opentelemetry import instrument, uninstrument
@@ -59,11 +62,11 @@ async def _drain(url: str, n: int) -> tuple[float, float]:
     return cpu / n * 1e6, wall
 
 
-def one(url: str, n: int, traced: bool) -> tuple[float, float, int]:
+def one(url: str, n: int, traced: bool, ratio: float = 1.0) -> tuple[float, float, int]:
     exporter = Dropping()
     provider: Any = None
     if traced:
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
         provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=n * 2))
         instrument(tracer_provider=provider)
     try:
@@ -79,19 +82,24 @@ def run(rep: Report) -> None:
     n = rep.n(N)
     plain: list[float] = []
     traced: list[float] = []
+    sampled: list[float] = []
     with fresh_server(appendonly=False) as srv:
         for i in range(ROUNDS):
-            for on in (False, True):
-                cpu_us, wall, spans = one(srv.url, n, on)
-                (traced if on else plain).append(cpu_us)
+            for label, on, ratio, into in (
+                ("plain       ", False, 1.0, plain),
+                ("instrumented", True, 1.0, traced),
+                ("sampled 10% ", True, 0.1, sampled),
+            ):
+                cpu_us, wall, spans = one(srv.url, n, on, ratio)
+                into.append(cpu_us)
                 rep.line(
-                    f"round {i + 1} {'instrumented' if on else 'plain       '}: "
-                    f"{cpu_us:.1f} us CPU/task, {n / wall:,.0f} tasks/s"
+                    f"round {i + 1} {label}: {cpu_us:.1f} us CPU/task, {n / wall:,.0f} tasks/s"
                     + (f", {spans:,} spans exported" if on else "")
                 )
-    ratio = median(traced) / median(plain)
-    rep.figure("cpu_us_per_task", {"plain": plain, "instrumented": traced})
+    rep.figure("cpu_us_per_task", {"plain": plain, "instrumented": traced, "sampled": sampled})
     rep.line(
-        f"median CPU per task: plain {median(plain):.1f} us, instrumented {median(traced):.1f} us"
+        f"median CPU per task: plain {median(plain):.1f} us, instrumented {median(traced):.1f}"
+        f" us, sampled 10% (ParentBased(TraceIdRatioBased(0.1))) {median(sampled):.1f} us"
     )
-    rep.bar("instrumented / plain CPU per task", ratio, "<=", BAR, "x")
+    rep.bar("instrumented / plain CPU per task", median(traced) / median(plain), "<=", BAR, "x")
+    rep.line(f"sampled 10% / plain: {median(sampled) / median(plain):.2f} x (no bar)")
