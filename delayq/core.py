@@ -208,6 +208,9 @@ def _ms_or_none(value: Any) -> datetime | None:
     return None if v < 0 else ms_to_datetime(v)
 
 
+VIRTUAL_KEY_GRACE_MS = 86_400_000  # see QueueCore.server_ms
+
+
 class QueueCore:
     """Validates input and builds the script calls of one queue shard."""
 
@@ -252,11 +255,15 @@ class QueueCore:
         return int(time.time() * 1000) if clock is None else clock.now_ms()
 
     def server_ms(self, ms: int) -> int:
-        """A time on the queue's clock as one on the server's (a key's PXAT): the same,
-        unless the queue has a virtual clock; then as far from the server's now as it is
-        from the virtual now, so a test's keys expire when drain() says, not before."""
+        """A watched key's deadline as its PXAT on the server's clock: the same, unless the
+        queue has a virtual clock. Then the key is expired by ``drain()`` when the virtual
+        clock reaches its deadline, never by Redis in real time (a test may take longer
+        than a short TTL): Redis only removes it a day after its virtual TTL would have
+        ended in real time, so a test server does not keep it for ever."""
         clock = self.clock
-        return ms if clock is None else ms - clock.now_ms() + int(time.time() * 1000)
+        if clock is None:
+            return ms
+        return ms - clock.now_ms() + int(time.time() * 1000) + VIRTUAL_KEY_GRACE_MS
 
     def op(
         self,

@@ -417,3 +417,98 @@ def test_every_code_block_of_docs_testing_md_is_in_a_test_that_runs() -> None:
     assert len(blocks) >= 8
     for block in blocks:
         assert block in text, f"not in a test file:\n{block}"
+
+
+# -- found by review: each failed before its fix ------------------------------------------------
+
+
+def test_a_handler_that_moves_the_clock_past_until_or_its_lease(
+    delayq_queue: Queue, delayq_clock: VirtualClock
+) -> None:
+    """drain used to raise ConfigurationError moving the clock back to until, and a move
+    past the lease (then 30 days) got the outcome refused and the task run again."""
+    worker = Worker(delayq_queue)
+
+    @worker.handler("jump")
+    def jump(task: Task) -> None:
+        delayq_clock.advance(timedelta(days=31))
+
+    delayq_queue.schedule("jump", task_id="a")
+    delayq_queue.schedule("jump", task_id="b")
+    start = delayq_clock.now()
+    out = drain(worker, until=timedelta(seconds=5))
+    assert [(r.task_id, r.outcome) for r in out.ran] == [("a", "done"), ("b", "done")]
+    assert delayq_clock.now() == start + timedelta(days=62)  # the handlers' moves, kept
+    # "a" finished 31 virtual days before "b": past the dedupe window, its record is gone.
+    assert [(i.id, i.state) for i in out.done] == [("b", "done")]
+
+
+def test_a_watched_key_outlives_its_ttl_in_real_time_until_drain_expires_it(
+    delayq_queue: Queue, delayq_clock: VirtualClock
+) -> None:
+    """The key's real TTL used to equal its virtual one: a test slower than the TTL saw the
+    key gone, and touch() said False while it moved the record."""
+    worker = Worker(delayq_queue)
+    got: list[Any] = []
+
+    @worker.on_expire("slow:*")
+    def cleanup(expired: Any) -> None:
+        got.append((expired.key, expired.value, delayq_clock.now()))
+
+    key = f"slow:{secrets.token_hex(4)}"
+    t0 = delayq_clock.now()
+    delayq_queue.expiring.set(key, {"v": 1}, ttl=0.2)
+    time.sleep(0.3)  # longer in real time than the key's TTL
+    assert delayq_queue.client.exists(key) == 1
+    assert delayq_queue.expiring.touch(key, ttl=60) is True
+    drain(worker, until=timedelta(seconds=59))
+    assert got == []
+    drain(worker, until=timedelta(seconds=2))
+    assert [(k, v) for k, v, _ in got] == [(key, {"v": 1})]
+    assert got[0][2] >= t0 + timedelta(seconds=60)
+    assert delayq_queue.client.exists(key) == 0
+
+
+def test_until_is_taken_to_the_millisecond_and_nothing_after_it_runs(
+    delayq_queue: Queue, delayq_clock: VirtualClock
+) -> None:
+    worker = Worker(delayq_queue)
+    ran: list[datetime] = []
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        ran.append(delayq_clock.now())
+
+    due = delayq_clock.now() + timedelta(microseconds=1800)
+    delayq_queue.schedule("k", at=due, task_id="late")
+    assert drain(worker, until=timedelta(microseconds=1600)).ran == []
+    assert drain(worker, until=timedelta(milliseconds=1)).ran != []
+    assert ran and ran[0] >= due
+
+
+def test_raise_errors_does_not_stop_at_outcomes_a_handler_chose(
+    delayq_queue: Queue, delayq_clock: VirtualClock
+) -> None:
+    from delayq import Retry
+
+    worker = Worker(delayq_queue)
+
+    @worker.handler("k", max_attempts=2, jitter=0, backoff=[1])
+    def k(task: Task) -> None:
+        match task.payload, task.attempt:
+            case "retry", 1:
+                raise Retry(after=1)
+            case "discard", _:
+                raise Discard("paid already")
+            case "fail", _:
+                raise Fail("bad input")
+
+    for p in ("retry", "discard", "fail"):
+        delayq_queue.schedule("k", p, task_id=p)
+    out = drain(worker, until=timedelta(seconds=5), raise_errors=True)
+    assert sorted((r.task_id, r.outcome) for r in out.ran) == [
+        ("discard", "discarded"),
+        ("fail", "dead"),
+        ("retry", "done"),
+        ("retry", "retry"),
+    ]

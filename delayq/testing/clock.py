@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timedelta
 
@@ -9,8 +10,9 @@ from delayq.errors import ConfigurationError
 from delayq.timing import ms_to_datetime
 
 
-def ms_of(when: datetime, what: str) -> int:
-    """An aware datetime in Unix ms; anything else is refused, naming ``what``."""
+def ms_of(when: datetime, what: str, *, floor: bool = False) -> int:
+    """An aware datetime in Unix ms (rounded, or with ``floor`` cut down); anything else is
+    refused, naming ``what``."""
     if not isinstance(when, datetime):
         raise ConfigurationError(f"{what} must be a datetime, got {type(when).__name__}")
     if when.tzinfo is None or when.utcoffset() is None:
@@ -18,7 +20,8 @@ def ms_of(when: datetime, what: str) -> int:
             f"{what}={when!r} is a naive datetime; pass an aware one, "
             "e.g. datetime(2026, 1, 1, tzinfo=timezone.utc)"
         )
-    return round(when.timestamp() * 1000)
+    ms = when.timestamp() * 1000
+    return math.floor(ms) if floor else round(ms)
 
 
 class VirtualClock:

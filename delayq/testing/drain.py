@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from delayq import leasing
 from delayq.connection import async_client
 from delayq.core import QueueCore, as_str
-from delayq.errors import ConfigurationError
+from delayq.errors import ConfigurationError, Defer, Discard, Fail, Retry
 from delayq.expiring.ops import EXPIRE_KIND
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delayq.testing")
 
-RanOutcome = Literal["done", "retry", "discarded", "dead", "deferred"]
+RanOutcome = Literal["done", "retry", "discarded", "dead", "deferred", "lost"]
 _OUTCOMES: dict[str, RanOutcome] = {
     "ack": "done",
     "discard": "discarded",
@@ -46,15 +47,19 @@ _OUTCOMES: dict[str, RanOutcome] = {
     "bury": "dead",
     "release": "deferred",  # handed back without using an attempt (Defer: a re-armed key)
 }
+OUTCOME_EXCEPTIONS = (Retry, Discard, Fail, Defer)
 BATCH = 100  # tasks claimed at a time, all due by the virtual now
-LEASE_MS = 30 * 86_400_000  # a run's lease: virtual time does not pass while it runs
+# A run's lease: a century of virtual time, so a handler that moves the clock itself (by
+# days, say) cannot outlive it.
+LEASE_MS = 100 * 365 * 86_400_000
 MAX_RUNS = 100_000  # a drain that runs more has met a task that reschedules itself at once
 
 
 class Ran(NamedTuple):
     """One attempt ``drain`` ran: its kind, task id, attempt number and how it ended
     (``done``, ``retry``, ``discarded``, ``dead``; ``deferred`` when it was handed back
-    without using an attempt, as an expiring key whose TTL was extended is)."""
+    without using an attempt, as an expiring key whose TTL was extended is; ``lost`` when
+    its outcome was refused because a handler moved the clock past its lease)."""
 
     kind: str
     task_id: str
@@ -144,9 +149,9 @@ def _target_ms(clock: VirtualClock, until: datetime | timedelta | None) -> int:
     if until is None:
         return now
     if isinstance(until, timedelta):
-        ms = now + round(until.total_seconds() * 1000)
+        ms = now + math.floor(until.total_seconds() * 1000)
     elif isinstance(until, datetime):
-        ms = ms_of(until, "until")
+        ms = ms_of(until, "until", floor=True)
     else:
         raise ConfigurationError(
             f"until= takes a datetime or a timedelta from the clock's now, got "
@@ -169,7 +174,8 @@ class _Drain:
         self.drained = Drained()
 
     def _failed(self, task: Task, e: BaseException) -> None:
-        if self.first_error is None:
+        # Retry, Discard, Fail and Defer are outcomes a handler chose, not errors to show.
+        if self.first_error is None and not isinstance(e, OUTCOME_EXCEPTIONS):
             self.first_error = e
 
     async def run(self, target_ms: int) -> Drained:
@@ -184,7 +190,8 @@ class _Drain:
             for hook in ctx.startup:  # on_startup's, and cron's (declaring its schedules)
                 await hook(ctx)
             await self._loop(ctx.shards.cores, runner, executor, target_ms)
-            self.clock.advance_to(ms_to_datetime(target_ms))
+            if target_ms > self.clock.now_ms():  # a handler may have moved the clock past it
+                self.clock.advance_to(ms_to_datetime(target_ms))
             ids = list(dict.fromkeys(r.task_id for r in self.drained.ran))
             infos = await runner.run_many([ctx.shards.of(i).get(i) for i in ids]) if ids else []
             self.drained.infos = {i: info for i, info in zip(ids, infos, strict=True) if info}
@@ -253,10 +260,12 @@ class _Drain:
             await self._expire_key(core, runner, claimed)
         outcome: Outcome = await executor.run(claimed, lambda task: None)
         refused = await runner.run(outcome_op(core, outcome.action, [outcome]))
-        if refused:  # cannot happen while virtual time stands still; say so if it does
+        ran: RanOutcome = _OUTCOMES[outcome.action]
+        if refused:  # its lease ended: a handler moved the clock by more than LEASE_MS
             log.warning("the outcome of %s was refused: its lease was lost", claimed.id)
+            ran = "lost"
         h = claimed.header
-        self.drained.ran.append(Ran(h.kind, claimed.id, h.attempts, _OUTCOMES[outcome.action]))
+        self.drained.ran.append(Ran(h.kind, claimed.id, h.attempts, ran))
 
     async def _expire_key(self, core: QueueCore, runner: AsyncRunner, claimed: Claimed) -> None:
         """The key's virtual deadline has passed: expire it, as Redis would have, unless it
@@ -290,13 +299,15 @@ def drain(
 ) -> Drained:
     """Run every task of ``worker``'s queue due by ``until``, in due order, in virtual time.
 
-    ``until``: an aware datetime, or a timedelta from the clock's now; the clock advances
-    to it. None: the tasks due by the clock's now. Retries come due after their backoff,
+    ``until``: an aware datetime, or a timedelta from the clock's now, taken to the
+    millisecond (cut down); the clock advances to it. None: the tasks due by the clock's
+    now. Retries come due after their backoff,
     cron occurrences at their times and watched keys at their deadlines (the key is
     expired then, and its callback gets the last value), each run when the clock reaches
     it: a task never runs before its virtual due time. ``raise_errors``: stop at the first
     exception a handler raises and raise it (its outcome written first), so pytest shows
-    its traceback. Returns what ran (:class:`Drained`).
+    its traceback; ``Retry``, ``Discard``, ``Fail`` and ``Defer`` are outcomes the handler
+    chose and do not stop it. Returns what ran (:class:`Drained`).
 
     Called from blocking code; from a coroutine, ``await adrain(...)``. On-startup hooks
     run at the start of each drain.
