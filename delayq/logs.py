@@ -33,8 +33,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "process": record.process,
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+        for key, value in vars(record).items():  # an extra never replaces a field above
+            if key not in _STANDARD and not key.startswith("_") and key not in out:
                 out[key] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
@@ -42,4 +42,9 @@ class JsonFormatter(logging.Formatter):
             out["exception"] = record.exc_text
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=repr, ensure_ascii=False)
+        try:
+            return json.dumps(out, default=repr, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):  # NaN, a dict with tuple keys ...: still one line
+            plain = (str, int, bool, type(None))
+            safe = {k: v if isinstance(v, plain) else repr(v) for k, v in out.items()}
+            return json.dumps(safe, ensure_ascii=False)

@@ -5,6 +5,7 @@ and an exception from a middleware classified as the handler's would be."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -119,6 +120,33 @@ def test_a_sync_handlers_middleware_runs_on_the_loop_around_the_thread_call(
     assert not where["middleware"].startswith(HANDLER_THREAD_PREFIX)
     assert where["middleware"] != where["handler"] and where["loop"]
     assert where["took"] >= 0.2  # it waited for the thread call
+
+
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+
+
+def test_a_sync_handler_sees_the_context_its_middleware_set(queue: Queue, run_worker: Any) -> None:
+    """Found by review: the handler thread ran in an empty context, so a sync handler saw
+    neither a middleware's context variables nor (with OpenTelemetry) its attempt's span."""
+    worker = Worker(queue)
+    seen: dict[str, str] = {}
+
+    @worker.middleware
+    async def tag(task: Task, call_next: CallNext) -> Any:
+        token = REQUEST_ID.set(f"req-{task.id}")
+        try:
+            return await call_next(task)
+        finally:
+            REQUEST_ID.reset(token)
+
+    @worker.handler("blocking")
+    def blocking(task: Task) -> None:
+        seen[task.id] = REQUEST_ID.get()
+
+    with run_worker(worker):
+        queue.schedule("blocking", None, task_id="c1")
+        wait_for(lambda: state(queue, "c1") == "done")
+    assert seen == {"c1": "req-c1"}
 
 
 def test_middleware_wraps_each_cron_occurrence_once(queue: Queue, run_worker: Any) -> None:

@@ -110,6 +110,19 @@ def test_json_formatter_writes_the_fields_and_the_exception() -> None:
     assert data["exception"].startswith("Traceback") and "ValueError: boom" in data["exception"]
 
 
+def test_json_formatter_keeps_one_valid_line_whatever_the_extras() -> None:
+    """Found by review: NaN gave invalid JSON, a dict with tuple keys lost the record, and an
+    extra named like a field replaced it."""
+    record = logging.getLogger("x").makeRecord(
+        "x", logging.INFO, __file__, 1, "m", (), None,
+        extra={"lateness": float("nan"), "counts": {("a", 1): 2}, "level": "custom"},
+    )  # fmt: skip
+    line = JsonFormatter().format(record)
+    data = json.loads(line)  # strict: no NaN token
+    assert "\n" not in line and data["level"] == "INFO" and data["message"] == "m"
+    assert data["lateness"] == "nan" and data["counts"] == "{('a', 1): 2}"
+
+
 def test_worker_log_format_json_prints_one_object_per_line(
     server: EmbeddedServer, queue: Queue
 ) -> None:

@@ -174,3 +174,20 @@ def test_without_the_extra_the_import_names_the_pip_command() -> None:
     assert out.stdout.strip() == (
         "MissingExtra delayq.contrib.opentelemetry needs the otel extra: pip install 'delayq[otel]'"
     )
+
+
+def test_uninstrument_after_the_hook_lists_were_reset_still_forgets_it() -> None:
+    """Found by review: uninstrument() raised ValueError when the lists had been reset (as
+    a test fixture does), and instrument() then did nothing for the rest of the process."""
+    from delayq import hooks
+
+    saved = list(hooks.middleware), list(hooks.before_schedule)
+    instrument(tracer_provider=Traced().provider)
+    hooks.middleware[:], hooks.before_schedule[:] = saved
+    uninstrument()
+    assert not is_instrumented() and hooks.middleware == saved[0]
+    instrument(tracer_provider=Traced().provider)
+    try:
+        assert is_instrumented() and len(hooks.middleware) == len(saved[0]) + 1
+    finally:
+        uninstrument()

@@ -86,11 +86,17 @@ def uninstrument() -> None:
     """Undo :func:`instrument`: queues and workers made afterwards are not traced."""
     if not _state:
         return
-    for (cls, name), original in _state["originals"].items():
-        setattr(cls, name, original)
-    hooks.before_schedule.remove(_inject)
-    hooks.middleware.remove(_state["process"])
-    _state.clear()
+    try:
+        for (cls, name), original in _state["originals"].items():
+            setattr(cls, name, original)
+        # Someone may have reset the lists meanwhile (a test restoring them): remove what
+        # is still there, and forget the instrumentation whatever happens.
+        if _inject in hooks.before_schedule:
+            hooks.before_schedule.remove(_inject)
+        if _state["process"] in hooks.middleware:
+            hooks.middleware.remove(_state["process"])
+    finally:
+        _state.clear()
 
 
 # -- producing ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ back after the grace period) does not keep the process alive.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -37,8 +38,11 @@ class HandlerThreads:
             t.start()
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+        """Run ``fn(arg)`` in a handler thread, in a copy of the caller's context (as
+        ``asyncio.to_thread`` does): what a middleware set around the call (a trace's span,
+        a request id) is what the handler sees."""
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._jobs.put((fut, fn, arg))
+        self._jobs.put((fut, contextvars.copy_context().run, (fn, arg)))
         return fut
 
     def _work(self) -> None:
@@ -50,7 +54,7 @@ class HandlerThreads:
             with self._lock:
                 self.busy += 1
             try:
-                result: tuple[Any, bool, Any] = (fut, True, fn(arg))
+                result: tuple[Any, bool, Any] = (fut, True, fn(*arg))
             except Exception as e:
                 result = (fut, False, e)
             except BaseException as e:  # sys.exit() in a handler fails the task, not the worker
