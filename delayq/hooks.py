@@ -14,8 +14,12 @@ nothing for them.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+from delayq.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from delayq.core import TaskSpec
@@ -27,3 +31,18 @@ Middleware = Callable[["Task", CallNext], Awaitable[Any]]
 
 before_schedule: list[BeforeSchedule] = []
 middleware: list[Middleware] = []
+
+
+def check_middleware(fn: Any) -> Middleware:
+    """``fn`` if it is a middleware: an ``async def (task, call_next)`` function, or an object
+    whose ``__call__`` is one (a ``functools.partial`` of one too). Anything else raises
+    ConfigurationError when it is registered, not on every task it would fail."""
+    call: Any = fn if inspect.isroutine(fn) or isinstance(fn, functools.partial) else None
+    if call is None and callable(fn):
+        call = type(fn).__call__  # an instance: its class's __call__ decides
+    if call is None or not inspect.iscoroutinefunction(call):
+        raise ConfigurationError(
+            f"a middleware is an async function (task, call_next), or an object whose "
+            f"__call__ is one; got {fn!r}: define it with 'async def'"
+        )
+    return fn  # type: ignore[no-any-return]

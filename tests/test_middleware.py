@@ -254,3 +254,51 @@ def test_a_middleware_must_be_an_async_function(queue: Queue) -> None:
 
     with pytest.raises(ConfigurationError, match="async function"):
         worker.middleware(sync_mw)
+
+
+def test_an_object_whose_call_is_sync_is_refused_when_registered(queue: Queue) -> None:
+    """Found by review: a callable object passed the check (only plain functions were
+    inspected), and then failed every task it wrapped."""
+    worker = Worker(queue)
+
+    class SyncCall:
+        def __call__(self, task: Task, call_next: CallNext) -> Any:
+            return call_next(task)
+
+    with pytest.raises(ConfigurationError, match="async def"):
+        worker.middleware(SyncCall())  # type: ignore[arg-type]
+
+
+def test_an_object_whose_call_is_async_is_a_middleware(queue: Queue, run_worker: Any) -> None:
+    seen: list[str] = []
+
+    class Tag:
+        async def __call__(self, task: Task, call_next: CallNext) -> Any:
+            seen.append(task.id)
+            return await call_next(task)
+
+    worker = Worker(queue)
+    worker.middleware(Tag())
+    done = threading.Event()
+
+    @worker.handler("work")
+    async def work(task: Task) -> None:
+        done.set()
+
+    queue.schedule("work", {}, task_id="obj-mw")
+    with run_worker(worker):
+        assert done.wait(10)
+    assert seen == ["obj-mw"]
+
+
+def test_a_sync_function_in_the_process_wide_list_is_refused_at_start(queue: Queue) -> None:
+    def sync_mw(task: Task, call_next: CallNext) -> Any:
+        return call_next(task)
+
+    worker = Worker(queue)
+    hooks.middleware.append(sync_mw)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ConfigurationError, match="async def"):
+            asyncio.run(asyncio.wait_for(worker.serve(), 20))  # not refused: TimeoutError
+    finally:
+        hooks.middleware.remove(sync_mw)  # type: ignore[arg-type]

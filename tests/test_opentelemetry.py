@@ -191,3 +191,12 @@ def test_uninstrument_after_the_hook_lists_were_reset_still_forgets_it() -> None
         assert is_instrumented() and len(hooks.middleware) == len(saved[0]) + 1
     finally:
         uninstrument()
+
+
+def test_the_send_span_names_the_kind_when_it_is_passed_by_keyword(
+    traced: Traced, vqueue: Queue
+) -> None:
+    """Found by review: only a positional kind reached the span's delayq.task.kind."""
+    vqueue.schedule(kind="charge", payload={"order": 2}, task_id="charge:2", delay=60)
+    (send,) = traced.spans(f"send {vqueue.name}")
+    assert (send.attributes or {})["delayq.task.kind"] == "charge"

@@ -103,7 +103,7 @@ def uninstrument() -> None:
 
 
 def _send_attributes(
-    queue: Queue | AsyncQueue, args: tuple[Any, ...], batch: bool
+    queue: Queue | AsyncQueue, args: tuple[Any, ...], kwargs: dict[str, Any], batch: bool
 ) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -111,8 +111,9 @@ def _send_attributes(
         "messaging.operation.type": "send",
         "messaging.operation.name": "send",
     }
-    if not batch and args:
-        attributes["delayq.task.kind"] = args[0]
+    kind = args[0] if args else kwargs.get("kind")
+    if not batch and kind is not None:
+        attributes["delayq.task.kind"] = kind
     return attributes
 
 
@@ -126,7 +127,7 @@ def _sent(span: trace.Span, result: Any, batch: bool) -> None:
 def _send(tracer: trace.Tracer, original: Callable[..., Any], *, batch: bool) -> Callable[..., Any]:
     @functools.wraps(original)
     def send(self: Queue, *args: Any, **kwargs: Any) -> Any:
-        attributes = _send_attributes(self, args, batch)
+        attributes = _send_attributes(self, args, kwargs, batch)
         with tracer.start_as_current_span(
             f"send {self.name}", kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:
@@ -142,7 +143,7 @@ def _async_send(
 ) -> Callable[..., Any]:
     @functools.wraps(original)
     async def send(self: AsyncQueue, *args: Any, **kwargs: Any) -> Any:
-        attributes = _send_attributes(self, args, batch)
+        attributes = _send_attributes(self, args, kwargs, batch)
         with tracer.start_as_current_span(
             f"send {self.name}", kind=SpanKind.PRODUCER, attributes=attributes
         ) as span:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import itertools
 import json
 import logging
@@ -226,18 +225,15 @@ class Worker:
         """Register ``async def fn(task, call_next)`` around every handler invocation: a
         task's handler, a cron occurrence's function, an expiring key's callback (the
         middleware sees the :class:`Task`; the callback still gets its ``Expired``).
-        ``return await call_next(task)`` runs the rest of the chain and the handler.
+        ``return await call_next(task)`` runs the rest of the chain and the handler; each
+        call runs them again (twice: the handler runs twice in the attempt).
 
         Several compose in registration order, the first outermost, inside the process-wide
         ``delayq.hooks.middleware``. A sync handler's middleware runs on the event loop around
         its thread call. An exception from a middleware is taken as the handler's would be
         (``Retry``, ``Discard``, ``Fail``, ``Defer``, or an error). The chain is built when
         the worker starts serving: register before that. See docs/observability.md."""
-        if not callable(fn) or (inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn)):
-            raise ConfigurationError(
-                f"a middleware is an async function (task, call_next), got {fn!r}"
-            )
-        self._middleware.append(fn)
+        self._middleware.append(hooks.check_middleware(fn))
         return fn
 
     def add_listener(self, listener: Listener) -> None:
@@ -324,6 +320,12 @@ class Worker:
         elif self._stopping is not None:  # still starting: nothing to wake yet
             self._stopping.set()
 
+    def middleware_in_use(self) -> list[Middleware]:
+        """The middleware a worker starting now composes: the process-wide
+        ``delayq.hooks.middleware`` (checked here: anyone may append to that list) first,
+        then the worker's own."""
+        return [*map(hooks.check_middleware, hooks.middleware), *self._middleware]
+
     def context(
         self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
     ) -> WorkerContext:
@@ -348,13 +350,14 @@ class Worker:
             waker=waker,
             supervisor=self.supervisor,
             worker_id=self.id,
-            middleware=[*hooks.middleware, *self._middleware],
+            middleware=self.middleware_in_use(),
         )
         self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
         return ctx
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
+        self.middleware_in_use()  # a bad process-wide middleware: refused before connecting
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._ctx = None  # from an earlier serve(), if any
