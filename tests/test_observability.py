@@ -129,7 +129,7 @@ def test_worker_log_format_json_prints_one_object_per_line(
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "delayq", "worker", APP, "--url", server.url),
-            *("--log-format", "json", "--log-level", "info"),
+            *("--log-format", "json", "--log-level", "info", "--metrics-port", "0"),
         ],
         cwd=ROOT,
         env={**os.environ, "DQ_QUEUE": queue.name, "PYTHONPATH": str(ROOT)},
@@ -147,6 +147,8 @@ def test_worker_log_format_json_prints_one_object_per_line(
     assert proc.returncode == 0, out
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]  # each parses
     assert lines and all({"time", "level", "logger", "message"} <= set(d) for d in lines)
+    # found by review: the metrics line was plain text in the JSON stream
+    assert any(d["message"].startswith("metrics on http://127.0.0.1:") for d in lines)
     about = [d for d in lines if d.get("task_id") == "j1"]
     assert [(d["level"], d["attempt"]) for d in about] == [("WARNING", 1), ("ERROR", 2)]
     for d in about:

@@ -23,6 +23,8 @@ from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, ServerNotFound
 from delayq.worker.worker import MAX_CONCURRENCY
 
+log = logging.getLogger("delayq.cli")
+
 
 def load_app(spec: str) -> Any:
     """Import ``module:attribute`` (the current directory is importable, as with uvicorn)."""
@@ -204,7 +206,8 @@ def _embedded(stack: ExitStack) -> str:
         server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
     except ServerNotFound as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"embedded server on {server.url} (data in .delayq/data)", err=True)
+    # Logged, not echoed: with --log-format json every line of the stream is one object.
+    log.info("embedded server on %s (data in .delayq/data)", server.url)
     return server.url
 
 
@@ -215,7 +218,7 @@ def _serve_metrics(obj: Any, port: int, host: str) -> Callable[[], None]:
         metrics = serve_worker_metrics(obj, port, host)
     except OSError as e:
         raise click.ClickException(f"cannot serve metrics on {host}:{port}: {e}") from None
-    click.echo(f"metrics on http://{host}:{metrics.port}/metrics", err=True)
+    log.info("metrics on http://%s:%d/metrics", host, metrics.port)
     return metrics.stop
 
 
