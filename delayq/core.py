@@ -30,6 +30,7 @@ from delayq.codec import (
 )
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
+from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
 from delayq.task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
 from delayq.text import check as check_text
@@ -70,6 +71,7 @@ _STATS.require_head(
     "expiry_mode",
 )
 _STATS.require_row("name", "value")
+SCRIPTS["shards"].reply.require_head("count", "protocol")
 _WORKERS = SCRIPTS["workers"].reply
 _WORKERS.require_row("id", "seen", "info")
 _WORKERS_NOW = _WORKERS.at("now")
@@ -97,6 +99,30 @@ class SeekRow(NamedTuple):
     record: bytes
     error: Any
     attempt: Any
+
+
+class ShardCheck(NamedTuple):
+    """What ``shards.lua`` answers: the stored shard count (0 when none is, -1 while the
+    queue is being resharded) and the queue's protocol version ("" when it has none)."""
+
+    n: int
+    protocol: str
+    store: bool = False  # asked by a write: a queue with no version has been stamped
+
+
+def _shard_check(reply: Any, store: bool) -> ShardCheck:
+    if isinstance(reply, list):
+        count, protocol = reply  # shards.lua's head, checked below
+        return ShardCheck(int(count), as_str(protocol), store)
+    return ShardCheck(int(reply), "", store)  # the status: being resharded
+
+
+def _read_check(reply: Any) -> ShardCheck:
+    return _shard_check(reply, False)
+
+
+def _write_check(reply: Any) -> ShardCheck:  # (one function each: ops compare equal)
+    return _shard_check(reply, True)
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -456,11 +482,17 @@ class QueueCore:
 
         return self.op("stats", {"now": self.now_arg(now_ms)}, [], parse)
 
-    def shard_count(self, want: int, *, store: bool = True) -> Op[int]:
+    def shard_count(self, want: int, *, store: bool = True) -> Op[ShardCheck]:
         """The queue's stored shard count, storing ``want`` if none is and nothing waits
         (``store=False``: only read; 0 when none is stored); -1 while it is being resharded
-        (call it on the unsplit queue's core; see shards.py)."""
-        return self.op("shards", {"want": want, "store": "1" if store else "0"}, [], int)
+        (call it on the unsplit queue's core; see shards.py). With it, the queue's protocol
+        version, stamped by a write when it has none (delayq.protocol.version)."""
+        args: dict[str, Arg] = {
+            "want": want,
+            "store": "1" if store else "0",
+            "protocol": PROTOCOL_VERSION,
+        }
+        return self.op("shards", args, [], _write_check if store else _read_check)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
         check_page(offset, limit, MAX_DEAD_PAGE)

@@ -14,6 +14,16 @@ class ConfigurationError(DelayqError, ValueError):
     """A setting or URL is wrong; the message says which and how to fix it."""
 
 
+class ProtocolVersionError(ConfigurationError):
+    """The queue speaks a delayq protocol this delayq cannot (another major version): it
+    was written by a newer (or much older) delayq. The message names both versions and
+    what to do; ``stored`` is the queue's version, ``ours`` this delayq's."""
+
+    def __init__(self, message: str, *, queue: str = "", stored: str = "", ours: str = "") -> None:
+        super().__init__(message)
+        self.queue, self.stored, self.ours = queue, stored, ours
+
+
 class InvalidTaskError(DelayqError, ValueError):
     """A task was refused before anything was written (bad payload, delay, id ...)."""
 

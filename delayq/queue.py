@@ -259,16 +259,24 @@ class _Base(Generic[C]):
     def _check_shards_plan(self, store: bool = True) -> Plan[None]:
         """Once per queue object, before its first write or read of a task: refuse a
         different shard count (a read stores none; see Shards.verify)."""
-        if not self.shards.checked:
+        if not (self.shards.write_checked if store else self.shards.checked):
             self.shards.verify((yield from call(self.shards.check_op(store=store))))
+
+    def _protocol_plan(self) -> Plan[str]:
+        """Read the queue's protocol version (every call: a readiness probe sees a change),
+        after the checks of the first call: a queue of another protocol major, or opened
+        with the wrong shard count, is refused."""
+        stored = yield from call(self.shards.check_op(store=False))
+        self.shards.verify(stored)
+        return stored.protocol
 
     def checked(self, op: Op[T], *, write: bool = False) -> Plan[T]:
         """The plan of :meth:`execute`, to compose plans with (run them with ``drive``): one
         call, after the shard count check: opened with the wrong count, a task's shard (get,
         cancel, reschedule), the home shard (workers, watched keys) would be the wrong one.
         ``write``: the call writes, which stores the count when none is."""
-        if not self.shards.checked:  # (a generator less per call once checked)
-            yield from self._check_shards_plan(store=write)
+        if not (self.shards.write_checked if write else self.shards.checked):
+            yield from self._check_shards_plan(store=write)  # (a generator less once checked)
         reply: T = yield Call(op)  # the hot path: the step itself, no call() generator
         return reply
 
@@ -297,7 +305,7 @@ class _Base(Generic[C]):
             options.get("replace", False),
             options.get("durable", False),
         )
-        if not self.shards.checked:
+        if not self.shards.write_checked:
             yield from self._check_shards_plan()
         wait = self.durable if options.get("durable") else None
         if wait is None:
@@ -532,6 +540,14 @@ class Queue(_Base[redis.Redis]):
         """Workers registered on this queue, most recently seen first, dead ones included."""
         return self.execute(self.core.workers())
 
+    def protocol_version(self) -> str:
+        """The delayq protocol version the queue speaks, as stored in Redis (``"1.0"``), or
+        ``""`` when it has none: nothing has written to it yet, or only a delayq from
+        before versions were stored (it speaks protocol 1). Refuses, as every operation
+        does, a queue of another major (ProtocolVersionError) or shard count. One round
+        trip, every call; writes nothing."""
+        return self.runner.drive(self._protocol_plan())
+
     def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call built by delayq's builders (``delayq.expiring``'s ops, say)
         on this queue, after the check that the queue is opened with its stored shard
@@ -637,6 +653,10 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def workers(self) -> list[WorkerInfo]:
         return await self.execute(self.core.workers())
+
+    async def protocol_version(self) -> str:
+        """The queue's protocol version (see :meth:`Queue.protocol_version`)."""
+        return await self.runner.drive(self._protocol_plan())
 
     async def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call on this queue after the shard count check (see

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from delayq.core import Op, QueueCore, SeekRow, validate_task_id
+from delayq.core import Op, QueueCore, SeekRow, ShardCheck, validate_task_id
 from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
+from delayq.protocol import version as protocol
 from delayq.task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")
@@ -64,7 +65,11 @@ class Shards:
         self.home = self.cores[0]
         # The unsplit queue's core: where the shard count is kept (the home core if n == 1).
         self.root = self.home if self.n == 1 else QueueCore(name, **core_options)
+        # Reads skip the check once a count is stored; writes once the queue is also
+        # stamped with its protocol version (a queue from before stamping is stamped by
+        # the first write of each queue object, even if a read checked it first).
         self.checked = False
+        self.write_checked = False
 
     def of(self, task_id: str) -> QueueCore:
         return self.cores[shard_of(task_id, self.n)]
@@ -81,27 +86,33 @@ class Shards:
             by.setdefault(shard_of(task_id(item), self.n), []).append(item)
         return [(self.cores[i], by[i]) for i in sorted(by)]
 
-    def check_op(self, *, store: bool = True) -> Op[int]:
-        """Read (or, with ``store``, set once) the stored shard count; see :meth:`verify`.
-        Writes store it; reads (get, cancel, reschedule) only compare."""
+    def check_op(self, *, store: bool = True) -> Op[ShardCheck]:
+        """Read (or, with ``store``, set once) the stored shard count and the queue's
+        protocol version; see :meth:`verify`. Writes store them; reads (get, cancel,
+        reschedule) only compare."""
         return self.root.shard_count(self.n, store=store)
 
-    def verify(self, stored: int) -> None:
-        """Refuse a count other than the stored one. Remembered once a count is stored, so
-        each queue object pays the check's round trip once; a read that finds none stored
-        (0) passes and checks again next time."""
-        if stored == 0:
+    def verify(self, stored: ShardCheck) -> None:
+        """Refuse a queue of another protocol major (ProtocolVersionError), then a count
+        other than the stored one. Remembered once a count is stored, so each queue object
+        pays the check's round trip once (twice when a read checks a queue from before
+        protocol versions were stored: the first write stamps it); a read that finds none
+        stored (0) passes and checks again next time."""
+        protocol.check(self.home.name, stored.protocol)
+        count = stored.n
+        if count == 0:
             return
-        raise_for("shards", stored, queue=self.home.name, key=self.root.keys.shards)
-        if stored != self.n:
+        raise_for("shards", count, queue=self.home.name, key=self.root.keys.shards)
+        if count != self.n:
             name = self.home.name
             raise ConfigurationError(
-                f"queue {name!r} is split into {stored} shard(s), but was opened with "
-                f"shards={self.n}: open it with shards={stored}. Every process must use the "
+                f"queue {name!r} is split into {count} shard(s), but was opened with "
+                f"shards={self.n}: open it with shards={count}. Every process must use the "
                 "same number; to change it, stop them all, drain the queue and run "
                 f"`delayq reshard -q {name} --shards N`"
             )
         self.checked = True
+        self.write_checked = stored.store or bool(stored.protocol)
 
 
 def add_stats(parts: Sequence[QueueStats]) -> QueueStats:

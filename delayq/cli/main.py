@@ -21,6 +21,7 @@ from delayq.connection import DEFAULT_URL, URL_ENV, redact
 from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, ServerNotFound
+from delayq.protocol.cli import protocol
 from delayq.worker.worker import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
@@ -308,6 +309,7 @@ main.add_command(check)
 main.add_command(dashboard)
 main.add_command(reshard)
 main.add_command(cron)
+main.add_command(protocol)
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from delayq.core import ShardCheck
 from delayq.errors import (
     STATUS_ERRORS,
     ConfigurationError,
@@ -30,7 +31,7 @@ def test_every_status_in_the_table_is_a_scripts_and_declared_as_a_status() -> No
 def test_the_resharding_refusal_reads_as_the_shard_check_words_it(n: int) -> None:
     shards = Shards("orders", n, prefix="app")
     with pytest.raises(ConfigurationError) as err:
-        shards.verify(-1)
+        shards.verify(ShardCheck(-1, ""))
     want = error_for("shards", -1, queue="orders", key=shards.root.keys.shards)
     assert type(want) is ConfigurationError and str(want) == str(err.value)
     assert str(error_for("shards", b"-1", queue="orders", key="k")).startswith("queue 'orders'")

@@ -14,7 +14,7 @@ from redis.exceptions import MovedError, NoScriptError
 
 import delayq.queue
 from delayq import Queue
-from delayq.core import Op, QueueCore
+from delayq.core import Op, QueueCore, ShardCheck
 from delayq.errors import ConnectionFailed, DurabilityError
 from delayq.runner import (
     Call,
@@ -73,7 +73,7 @@ def _queue(monkeypatch: pytest.MonkeyPatch, script: list[Expect]) -> tuple[Queue
 
 def _count_check(store: bool = True) -> Expect:
     """The first call of a queue object: the shard count check (1 shard stored)."""
-    return (Call(QueueCore("orders").shard_count(1, store=store)), 1)
+    return (Call(QueueCore("orders").shard_count(1, store=store)), ShardCheck(1, "1.0"))
 
 
 def _same_call(op: Op[Any]) -> Callable[[Step], bool]:
@@ -101,7 +101,7 @@ def test_noscript_reloads_then_redoes_only_the_missed_calls() -> None:
             (lambda s: isinstance(s, Trip) and list(s.ops) == [a] and s.durable is None, [b"2"]),
         ],
     )
-    assert runner.drive(batch_plan((a, b))) == [2, 3]
+    assert runner.drive(batch_plan((a, b))) == [ShardCheck(2, ""), ShardCheck(3, "")]
     runner.done()
 
 
@@ -229,7 +229,7 @@ def test_cluster_moved_refreshes_the_map_then_resends_to_the_new_node() -> None:
             (Nodes([("node-b", [evalsha])]), [[b"2"]]),
         ],
     )
-    assert runner.drive(batch_plan([op])) == [2]
+    assert runner.drive(batch_plan([op])) == [ShardCheck(2, "")]
     runner.done()
     assert [type(s).__name__ for s in runner.steps] == ["Nodes", "Refresh", "Nodes"]
 
