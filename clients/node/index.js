@@ -1,0 +1,489 @@
+'use strict';
+// delayq's reference producer for Node: schedule, scheduleMany, cancel, reschedule and get on
+// a delayq queue, following delayq protocol v1 (docs/protocol.md) with the scripts of
+// `delayq protocol export` (./protocol). A Python delayq worker runs what it schedules.
+
+const crypto = require('node:crypto');
+const fs = require('node:fs');
+const path = require('node:path');
+
+const { crc32 } = require('./crc32');
+
+const PROTOCOL_DIR = path.join(__dirname, 'protocol');
+const MANIFEST = JSON.parse(fs.readFileSync(path.join(PROTOCOL_DIR, 'manifest.json'), 'utf8'));
+const PROTOCOL_VERSION = MANIFEST.protocol;
+
+const SCRIPTS = {};
+for (const entry of MANIFEST.scripts) {
+  const source = fs.readFileSync(path.join(PROTOCOL_DIR, entry.file));
+  const sha1 = crypto.createHash('sha1').update(source).digest('hex');
+  if (sha1 !== entry.sha1) {
+    throw new Error(
+      `protocol/${entry.file} has SHA-1 ${sha1}, not the manifest's ${entry.sha1}: ` +
+        'export the scripts again (python -m delayq protocol export protocol)'
+    );
+  }
+  SCRIPTS[entry.name] = { ...entry, source: source.toString('utf8') };
+}
+
+// The limits a delayq producer checks before it writes (docs/protocol.md, "Records").
+const MAX_ID_LEN = 256;
+const MAX_KIND_LEN = 200;
+const MAX_ATTEMPTS = 1000000;
+const MAX_HEADERS = 4096;
+const DEFAULT_MAX_PAYLOAD = 64 * 1024;
+const MAX_DELAY_S = 10 * 365 * 24 * 3600;
+const MAX_AT_S = 253402300799; // 9999-12-31T23:59:59Z
+const SCHEDULE_BATCH = 1000; // tasks per script call
+const HOME_ID_PREFIXES = ['cron:', 'x:']; // ids that stay on shard 0
+const STATUS = { 0: 'unchanged', 1: 'created', 2: 'replaced', 3: 'running' };
+
+class DelayqError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = this.constructor.name;
+  }
+}
+class ConfigurationError extends DelayqError {}
+class InvalidTaskError extends DelayqError {}
+class ProtocolVersionError extends ConfigurationError {
+  constructor(message, { queue, stored, ours }) {
+    super(message);
+    Object.assign(this, { queue, stored, ours });
+  }
+}
+
+function parseVersion(text) {
+  const m = /^(\d+)(?:\.(\d+))?$/.exec(text);
+  return m ? [Number(m[1]), Number(m[2] || 0)] : null;
+}
+
+const [MAJOR] = parseVersion(PROTOCOL_VERSION);
+
+/** Refuse a queue whose stored protocol version is of another major ('' is unstamped: 1). */
+function checkProtocol(queue, stored) {
+  const version = stored ? parseVersion(stored) : [1, 0];
+  if (version && version[0] === MAJOR) return;
+  const ours = PROTOCOL_VERSION;
+  let message;
+  if (!version) {
+    message =
+      `queue '${queue}' carries the protocol version '${stored}', which is not one (this ` +
+      `client speaks ${ours}): the queue's keys were not written by delayq`;
+  } else if (version[0] > MAJOR) {
+    message =
+      `queue '${queue}' speaks delayq protocol ${stored}; this client speaks ${ours}: ` +
+      `upgrade the client to one that speaks protocol ${version[0]}`;
+  } else {
+    message =
+      `queue '${queue}' speaks delayq protocol ${stored}, an older major than this ` +
+      `client's ${ours}: use a client of protocol ${version[0]}`;
+  }
+  throw new ProtocolVersionError(message, { queue, stored, ours });
+}
+
+function codePoints(text) {
+  return [...text].length;
+}
+
+function checkText(value, what) {
+  if (!value.isWellFormed()) {
+    throw new InvalidTaskError(`${what} ${JSON.stringify(value)} holds a lone surrogate`);
+  }
+  return value;
+}
+
+function validateTaskId(id) {
+  if (typeof id !== 'string' || id === '') {
+    throw new InvalidTaskError(`taskId must be a non-empty string, got ${JSON.stringify(id)}`);
+  }
+  if (codePoints(id) > MAX_ID_LEN) {
+    throw new InvalidTaskError(
+      `taskId is ${codePoints(id)} characters, over the limit of ${MAX_ID_LEN}; use a ` +
+        "shorter business key such as 'order:42'"
+    );
+  }
+  if (/[\u0000-\u001f]/.test(id)) {
+    throw new InvalidTaskError(`taskId ${JSON.stringify(id)} contains control characters`);
+  }
+  return checkText(id, 'taskId');
+}
+
+function validateKind(kind) {
+  if (typeof kind !== 'string' || kind === '' || codePoints(kind) > MAX_KIND_LEN) {
+    throw new InvalidTaskError(
+      `kind must be a non-empty string of at most ${MAX_KIND_LEN} characters, got ` +
+        JSON.stringify(kind)
+    );
+  }
+  if (/[\u0000-\u001f]/.test(kind)) {
+    throw new InvalidTaskError(`kind ${JSON.stringify(kind)} contains control characters`);
+  }
+  return checkText(kind, 'kind');
+}
+
+function validateMaxAttempts(value) {
+  if (!Number.isInteger(value) || value < 0 || value > MAX_ATTEMPTS) {
+    throw new InvalidTaskError(
+      `maxAttempts must be a whole number from 0 (the handler's limit) to ${MAX_ATTEMPTS}, ` +
+        `got ${JSON.stringify(value)}`
+    );
+  }
+  return value;
+}
+
+function encodeHeaders(headers) {
+  if (headers == null) return '';
+  if (typeof headers !== 'object' || Array.isArray(headers)) {
+    throw new InvalidTaskError('headers must be an object of strings, e.g. {tenant: "a"}');
+  }
+  const names = Object.keys(headers);
+  if (names.length === 0) return '';
+  for (const name of names) {
+    if (name === '') throw new InvalidTaskError('header names must be non-empty strings');
+    if (typeof headers[name] !== 'string') {
+      throw new InvalidTaskError(
+        `header '${name}' has a ${typeof headers[name]} value; header values must be ` +
+          'strings: convert it with String() (or JSON.stringify for structure)'
+      );
+    }
+    checkText(name, 'header name');
+    checkText(headers[name], `header '${name}'`);
+  }
+  const json = JSON.stringify(headers);
+  if (Buffer.byteLength(json) > MAX_HEADERS) {
+    throw new InvalidTaskError(
+      `headers are ${Buffer.byteLength(json)} bytes encoded, over the limit of ${MAX_HEADERS}`
+    );
+  }
+  return `,"h":${json}`;
+}
+
+function seconds(value, what) {
+  if (typeof value !== 'number' || !Number.isFinite(value)) {
+    throw new InvalidTaskError(`${what} must be a finite number of seconds, got ${value}`);
+  }
+  if (value < 0) throw new InvalidTaskError(`${what} must not be negative, got ${value}`);
+  if (value > MAX_DELAY_S) {
+    throw new InvalidTaskError(`${what} of ${value} s is over ten years; check the unit`);
+  }
+  return value;
+}
+
+/** The due argument: "+<ms>" from the server's now, or absolute ms (to the microsecond). */
+function dueSpec(delay, at) {
+  if (delay != null && at != null) throw new InvalidTaskError('pass either delay or at, not both');
+  if (at != null) {
+    const ts = at instanceof Date ? at.getTime() / 1000 : at;
+    if (typeof ts !== 'number' || !Number.isFinite(ts) || ts < 0) {
+      throw new InvalidTaskError(`at must be a Date or a Unix timestamp in seconds, got ${at}`);
+    }
+    if (ts > MAX_AT_S) throw new InvalidTaskError(`at=${at} is beyond year 9999; milliseconds?`);
+    const ms = Math.round(ts * 1e6) / 1e3;
+    return Number.isInteger(ms) ? String(ms) : ms.toFixed(3);
+  }
+  return '+' + String(Math.round(seconds(delay == null ? 0 : delay, 'delay') * 1000));
+}
+
+/** Ids of 96 random bits in 16 URL-safe characters, never starting with '-'. */
+function newTaskId() {
+  const id = crypto.randomBytes(12).toString('base64url');
+  return id[0] === '-' ? '_' + id.slice(1) : id;
+}
+
+function shardOf(taskId, n) {
+  if (n === 1 || HOME_ID_PREFIXES.some((p) => taskId.startsWith(p))) return 0;
+  return crc32(Buffer.from(taskId, 'utf8')) % n;
+}
+
+function msToDate(ms) {
+  return ms == null ? null : new Date(Number(ms));
+}
+
+class Queue {
+  /**
+   * A delayq queue, for producing.
+   *
+   * @param {string} name the queue's name (1-100 of letters, digits and '_.:-').
+   * @param {object} options
+   * @param {object} [options.client] a connected node-redis v4 client (yours to close), or
+   * @param {string} [options.url] a Redis URL to connect to (closed by close()).
+   * @param {number|'stored'} [options.shards=1] as every process of the queue uses it;
+   *   'stored': the count the queue stored (1 if none).
+   * @param {string} [options.prefix='dq'] the keys' first part.
+   * @param {number} [options.dedupeWindow=86400] seconds a finished id is remembered.
+   * @param {number} [options.maxPayload=65536] largest encoded payload, in bytes.
+   */
+  constructor(name, options = {}) {
+    const { client, url, shards = 1, prefix = MANIFEST.default_prefix } = options;
+    if (typeof name !== 'string' || !/^[A-Za-z0-9_.:-]{1,100}$/.test(name)) {
+      throw new ConfigurationError(
+        `invalid queue name ${JSON.stringify(name)}: use 1-100 characters from letters, ` +
+          "digits and '_.:-'"
+      );
+    }
+    if (
+      shards !== 'stored' &&
+      !(Number.isInteger(shards) && shards >= 1 && shards <= MANIFEST.max_shards)
+    ) {
+      throw new ConfigurationError(
+        `shards must be an integer from 1 to ${MANIFEST.max_shards} or 'stored', got ${shards}`
+      );
+    }
+    this.name = name;
+    this.prefix = prefix;
+    this.stored = shards === 'stored';
+    this.n = this.stored ? 1 : shards;
+    this.dedupeMs = Math.round(seconds(options.dedupeWindow ?? 86400, 'dedupeWindow') * 1000);
+    this.maxPayload = options.maxPayload ?? DEFAULT_MAX_PAYLOAD;
+    if (client) {
+      this.client = client;
+      this.ownsClient = false;
+    } else {
+      const { createClient } = require('redis');
+      this.client = createClient({ url: url || process.env.DELAYQ_REDIS_URL || process.env.REDIS_URL });
+      this.ownsClient = true;
+      this.connecting = null;
+    }
+    this.checked = false; // reads skip the check once a count is stored
+    this.writeChecked = false; // writes once the queue is also stamped
+  }
+
+  key(tag, attribute) {
+    return `${this.prefix}:{${tag}}:${MANIFEST.keys[attribute]}`;
+  }
+
+  tag(shard) {
+    return this.n === 1 ? this.name : `${this.name}#${shard}`;
+  }
+
+  async connection() {
+    if (this.ownsClient && !this.client.isOpen) {
+      this.connecting = this.connecting || this.client.connect();
+      await this.connecting;
+    }
+    return this.client;
+  }
+
+  /** One script call: EVALSHA, loading the script on NOSCRIPT and sending it again. */
+  async call(name, tag, args, rest = []) {
+    const script = SCRIPTS[name];
+    const given = Object.keys(args).sort().join(',');
+    if (given !== [...script.argv].sort().join(',')) {
+      throw new TypeError(`${name} takes ARGV ${script.argv.join(', ')}, got ${given}`);
+    }
+    const keys = script.keys.map((k) => this.key(tag, k));
+    const argv = script.argv.map((a) => String(args[a]));
+    const command = ['EVALSHA', script.sha1, String(keys.length), ...keys, ...argv, ...rest];
+    const client = await this.connection();
+    try {
+      return await client.sendCommand(command);
+    } catch (err) {
+      if (!String(err && err.message).startsWith('NOSCRIPT')) throw err;
+      const sha1 = await client.sendCommand(['SCRIPT', 'LOAD', script.source]);
+      if (sha1 !== script.sha1) {
+        throw new DelayqError(`the server loaded ${name} as ${sha1}, not ${script.sha1}`);
+      }
+      return client.sendCommand(command);
+    }
+  }
+
+  /**
+   * Once per queue object, before its first operation: the shard count (stored by the first
+   * write; 'stored' adopts it) and the protocol version (stamped by the first write).
+   */
+  async check(store) {
+    if (store ? this.writeChecked : this.checked) return;
+    await this.shardCheck(store);
+  }
+
+  /** Run shards.lua on the unsplit queue's keys and refuse what the protocol refuses. */
+  async shardCheck(store) {
+    const reply = await this.call('shards', this.name, {
+      want: this.n,
+      store: store ? '1' : '0',
+      protocol: PROTOCOL_VERSION,
+    });
+    if (!Array.isArray(reply)) {
+      throw new ConfigurationError(
+        `queue '${this.name}' is being resharded (the key ${this.key(this.name, 'shards')} ` +
+          "has a 'moving' field): wait for `delayq reshard` to finish"
+      );
+    }
+    const [count, protocol] = [Number(reply[0]), String(reply[1])];
+    checkProtocol(this.name, protocol);
+    if (count === 0) return protocol; // a read, and nothing stored yet: check again next time
+    if (this.stored) {
+      this.n = count;
+      this.stored = false;
+    } else if (count !== this.n) {
+      throw new ConfigurationError(
+        `queue '${this.name}' is split into ${count} shard(s), but was opened with ` +
+          `shards=${this.n}: open it with shards=${count}`
+      );
+    }
+    this.checked = true;
+    this.writeChecked = this.writeChecked || store || protocol !== '';
+    return protocol;
+  }
+
+  /** The queue's protocol version as stored ('' when it has none), after the checks. */
+  async protocolVersion() {
+    return this.shardCheck(false);
+  }
+
+  encode(task, createdMs) {
+    if (task == null || typeof task !== 'object') {
+      throw new InvalidTaskError(`a task is an object {kind, payload, ...}, got ${task}`);
+    }
+    const id = task.taskId == null ? newTaskId() : validateTaskId(task.taskId);
+    const header = { k: validateKind(task.kind) };
+    const maxAttempts = validateMaxAttempts(task.maxAttempts ?? 0);
+    if (maxAttempts) header.m = maxAttempts;
+    let data;
+    try {
+      data = JSON.stringify(task.payload === undefined ? null : task.payload);
+    } catch (err) {
+      throw new InvalidTaskError(`payload is not JSON-serialisable (${err.message})`);
+    }
+    if (data === undefined) throw new InvalidTaskError('payload is not JSON-serialisable');
+    const size = Buffer.byteLength(data);
+    if (size > this.maxPayload) {
+      throw new InvalidTaskError(
+        `payload is ${size} bytes encoded, over the queue's limit of ${this.maxPayload}; ` +
+          'store large data elsewhere and pass a reference'
+      );
+    }
+    const prefix = JSON.stringify(header).slice(0, -1);
+    const record = `${prefix},"c":${createdMs}${encodeHeaders(task.headers)}}\n${data}`;
+    return { id, due: dueSpec(task.delay, task.at), record };
+  }
+
+  /**
+   * Schedule many tasks in a few round trips; every task is validated before any is sent.
+   * Each task: {kind, payload, delay (s) | at (Date or Unix s), taskId, maxAttempts,
+   * headers}. Returns [{id, status}] in the order given; status is 'created', 'replaced',
+   * 'unchanged' or 'running' (see Queue.schedule in delayq's docs).
+   */
+  async scheduleMany(tasks, { replace = false } = {}) {
+    const createdMs = Date.now();
+    const encoded = Array.from(tasks, (t) => this.encode(t, createdMs));
+    const ids = encoded.map((t) => t.id);
+    if (new Set(ids).size !== ids.length) {
+      throw new InvalidTaskError('the same taskId appears twice in one scheduleMany call');
+    }
+    await this.check(true);
+    const byShard = new Map();
+    encoded.forEach((task, i) => {
+      const shard = shardOf(task.id, this.n);
+      if (!byShard.has(shard)) byShard.set(shard, []);
+      byShard.get(shard).push(i);
+    });
+    const statuses = new Array(encoded.length);
+    const calls = [];
+    for (const [shard, indexes] of byShard) {
+      const tag = this.tag(shard);
+      for (let start = 0; start < indexes.length; start += SCHEDULE_BATCH) {
+        const chunk = indexes.slice(start, start + SCHEDULE_BATCH);
+        const rest = [];
+        for (const i of chunk) rest.push(encoded[i].id, encoded[i].due, encoded[i].record);
+        const args = {
+          now: '',
+          dedupe_ms: this.dedupeMs,
+          replace: replace ? '1' : '0',
+          channel: this.key(tag, 'wake_channel'),
+          durable: '0',
+        };
+        // Sent together: node-redis pipelines the calls of one tick.
+        calls.push(
+          this.call('schedule', tag, args, rest).then((reply) => {
+            chunk.forEach((i, j) => (statuses[i] = STATUS[Number(reply[j])]));
+          })
+        );
+      }
+    }
+    await Promise.all(calls);
+    return ids.map((id, i) => ({ id, status: statuses[i] }));
+  }
+
+  /** Schedule one task; options as one task of scheduleMany, plus replace. */
+  async schedule(kind, payload, options = {}) {
+    const { replace = false, ...rest } = options;
+    const [result] = await this.scheduleMany([{ ...rest, kind, payload }], { replace });
+    return result;
+  }
+
+  /** Remove a waiting task; true if it was still waiting. */
+  async cancel(taskId) {
+    validateTaskId(taskId);
+    await this.check(false);
+    const tag = this.tag(shardOf(taskId, this.n));
+    return Number(await this.call('cancel', tag, { id: taskId })) === 1;
+  }
+
+  /** Move a waiting task to a new due time ({delay} or {at}); true if it was waiting. */
+  async reschedule(taskId, { delay, at } = {}) {
+    validateTaskId(taskId);
+    if (delay == null && at == null) throw new InvalidTaskError('reschedule needs delay or at');
+    await this.check(false);
+    const tag = this.tag(shardOf(taskId, this.n));
+    const args = { now: '', channel: this.key(tag, 'wake_channel'), id: taskId };
+    return Number(await this.call('reschedule', tag, { ...args, due: dueSpec(delay, at) })) === 1;
+  }
+
+  /** A task as the queue holds it, or null for an unknown id. */
+  async get(taskId) {
+    validateTaskId(taskId);
+    await this.check(false);
+    const reply = await this.call('get', this.tag(shardOf(taskId, this.n)), { id: taskId });
+    if (!reply) return null;
+    const [state, score, record, error, attempt] = reply;
+    const when = Number(score);
+    const nl = record.indexOf('\n');
+    let header = null;
+    try {
+      header = nl >= 0 ? JSON.parse(record.slice(0, nl)) : null;
+    } catch {
+      header = null;
+    }
+    const [, tries, due] = attempt ? attempt.split(' ') : [0, 0, ''];
+    let payload = null;
+    let lastError = error || null;
+    if (header && (header.f || 'json') === 'json') {
+      try {
+        payload = JSON.parse(record.slice(nl + 1));
+      } catch (err) {
+        lastError = lastError || `payload cannot be decoded as json: ${err.message}`;
+      }
+    }
+    return {
+      id: taskId,
+      kind: header ? header.k : '?',
+      payload,
+      state,
+      dueAt: state === 'scheduled' ? msToDate(when) : due ? msToDate(due) : null,
+      attempts: Number(tries),
+      maxAttempts: header ? header.m || 0 : 0,
+      lastError,
+      createdAt: header && header.c ? msToDate(header.c) : null,
+      leaseDeadline: state === 'active' ? msToDate(when) : null,
+      finishedAt: state === 'done' || state === 'dead' ? msToDate(when) : null,
+      headers: header && header.h ? header.h : {},
+    };
+  }
+
+  async close() {
+    if (this.ownsClient && this.client.isOpen) await this.client.quit();
+  }
+}
+
+module.exports = {
+  Queue,
+  DelayqError,
+  ConfigurationError,
+  InvalidTaskError,
+  ProtocolVersionError,
+  PROTOCOL_VERSION,
+  shardOf,
+  crc32,
+};

@@ -1,0 +1,283 @@
+"""The reference Node producer (clients/node) against a real server and a Python worker:
+what Node schedules runs once, on time; what it cancels never runs; sharded queues route
+alike in both languages; the protocol version is checked as the Python producer checks it.
+
+Needs ``node`` and ``npm`` (``.ci/run`` installs them): the session runs ``npm ci`` in
+clients/node when its node_modules is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from delayq import Queue, Task, Worker
+from delayq.embedded import EmbeddedServer
+from delayq.keys import shard_of
+
+from .support.helpers import wait_for
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The node binary, with the client's dependencies installed (``npm ci``)."""
+    binary, npm = shutil.which("node"), shutil.which("npm")
+    if binary is None or npm is None:
+        pytest.fail(
+            "the Node client's tests need node and npm on PATH: install them "
+            "(apt-get install nodejs npm, as .ci/run does) and run the tests again"
+        )
+    if not (NODE_DIR / "node_modules" / "redis").is_dir():
+        done = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, f"npm ci in {NODE_DIR} failed:\n{done.stderr}"
+    return binary
+
+
+def run_node(node: str, url: str, body: str) -> Any:
+    """Run ``body`` inside an async function with ``delayq`` (the client) in scope; what it
+    returns comes back as JSON. A rejection fails the test with Node's stderr."""
+    script = (
+        f"const delayq = require({json.dumps(str(NODE_DIR))});\n"
+        f"(async () => {{ {body} }})().then(\n"
+        "  (out) => { process.stdout.write(JSON.stringify(out === undefined ? null : out)); },\n"
+        "  (err) => { console.error(err && err.stack || err); process.exit(1); });\n"
+    )
+    done = subprocess.run(
+        [node, "-e", script],
+        env={**os.environ, "DELAYQ_REDIS_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"node failed:\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+def _keys(url: str, qname: str) -> set[bytes]:
+    r = redis.Redis.from_url(url)
+    try:
+        return {k for k in r.scan_iter(match="dq:{*") if k.decode().startswith(f"dq:{{{qname}")}
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_node_schedules_and_cancels_and_a_python_worker_runs_the_rest_once_on_time(
+    node: str, server: EmbeddedServer, qname: str, run_worker: Any, shards: int
+) -> None:
+    queue = Queue(qname, url=server.url, shards=shards)
+    worker = Worker(queue, concurrency=50)
+    ran: list[tuple[str, float, Any]] = []
+    lock = threading.Lock()
+
+    @worker.handler("node.job")
+    async def job(task: Task) -> None:
+        late = time.time() - task.due_at.timestamp()
+        with lock:
+            ran.append((task.id, late, task.payload))
+
+    with run_worker(worker):
+        started = time.time()
+        # 1,000 tasks due 1 to 3 s from now: 900 in one scheduleMany, 100 one at a time;
+        # the 200 cancelled ones are due 2 s or more ahead, so the cancel always wins.
+        out = run_node(
+            node,
+            server.url,
+            f"""
+            const q = new delayq.Queue({json.dumps(qname)}, {{ shards: {shards} }});
+            const task = (i) => ({{
+              kind: 'node.job', payload: {{ i }}, taskId: `t${{i}}`,
+              delay: i < 200 ? 2 + (i % 100) / 100 : 1 + (i % 200) / 100,
+            }});
+            const many = [];
+            for (let i = 0; i < 900; i++) many.push(task(i));
+            const results = await q.scheduleMany(many);
+            for (let i = 900; i < 1000; i++) {{
+              const {{ kind, payload, ...options }} = task(i);
+              results.push(await q.schedule(kind, payload, options));
+            }}
+            const cancelled = await Promise.all(
+              Array.from({{ length: 200 }}, (_, i) => q.cancel(`t${{i}}`)));
+            const info = await q.get('t999');
+            const version = await q.protocolVersion();
+            await q.close();
+            return {{ results, cancelled, info, version }};
+            """,
+        )
+        assert Counter(r["status"] for r in out["results"]) == {"created": 1000}
+        assert [r["id"] for r in out["results"]] == [f"t{i}" for i in range(1000)]
+        assert out["cancelled"] == [True] * 200
+        info = out["info"]
+        assert (info["state"], info["kind"], info["payload"]) == (
+            "scheduled",
+            "node.job",
+            {"i": 999},
+        )
+        assert out["version"] == "1.0"
+        wait_for(lambda: len(ran) >= 800, timeout=60)
+        # Past the last due time of a cancelled task, with a margin: none of them runs.
+        time.sleep(max(0.0, started + 4.5 - time.time()))
+    ids = Counter(task_id for task_id, _, _ in ran)
+    assert ids == Counter({f"t{i}": 1 for i in range(200, 1000)})  # each exactly once
+    assert all(payload == {"i": int(task_id[1:])} for task_id, _, payload in ran)
+    lateness = sorted(late for _, late, _ in ran)
+    # Generous: four other test runs share two cores; an idle machine starts within ms.
+    assert lateness[len(lateness) // 2] < 0.5, lateness[-10:]
+    assert lateness[-1] < 3.0, lateness[-10:]
+    assert queue.stats().scheduled == 0
+    for core in queue.shards.cores:  # each task was written to the shard Python reads
+        assert queue.client.zcard(core.keys.done) == sum(
+            1 for i in range(200, 1000) if shard_of(f"t{i}", shards) == core.shard
+        )
+    queue.close()
+
+
+def test_node_and_python_put_every_id_on_the_same_shard(node: str, server: EmbeddedServer) -> None:
+    ids = ["order:42", "é-ü", "日本語", "x:home", "cron:home", "a" * 256, "🙂", "t0"]
+    ids += [f"task-{i}" for i in range(200)]
+    got = run_node(
+        node,
+        server.url,
+        f"return {json.dumps(ids)}.map((id) => [1, 2, 7, 1024].map((n) => delayq.shardOf(id, n)));",
+    )
+    assert got == [[shard_of(i, n) for n in (1, 2, 7, 1024)] for i in ids]
+
+
+def test_what_node_writes_python_reads_and_the_scripts_load_on_noscript(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    r = redis.Redis.from_url(server.url)
+    r.script_flush()  # the client must load the scripts itself (NOSCRIPT)
+    r.close()
+    at = time.time() + 3600.25
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        const a = await q.schedule('mail.send', {{ to: 'ann', n: 1.5, big: 12345678901234567 }},
+          {{ taskId: 'a', at: {at!r}, maxAttempts: 3, headers: {{ tenant: 'acme' }} }});
+        const again = await q.schedule('mail.send', null, {{ taskId: 'a', delay: 5 }});
+        const moved = await q.schedule('mail.send', 2, {{ taskId: 'a', delay: 7, replace: true }});
+        const b = await q.schedule('other');
+        const rescheduled = await q.reschedule('a', {{ delay: 60 }});
+        const unknown = await q.get('nope');
+        const info = await q.get('a');
+        await q.close();
+        return {{ a, again, moved, b, rescheduled, unknown, info }};
+        """,
+    )
+    assert out["a"] == {"id": "a", "status": "created"}
+    assert out["again"]["status"] == "unchanged" and out["moved"]["status"] == "replaced"
+    assert len(out["b"]["id"]) == 16 and out["b"]["status"] == "created"
+    assert out["rescheduled"] is True and out["unknown"] is None
+    assert out["info"]["payload"] == 2 and out["info"]["headers"] == {}
+    with Queue(qname, url=server.url) as queue:
+        info = queue.get("a")
+        assert info is not None and info.payload == 2 and info.max_attempts == 0
+        assert info.due_at is not None and 55 < info.due_at.timestamp() - time.time() < 61
+        other = queue.get(out["b"]["id"])
+        assert other is not None and other.kind == "other" and other.payload is None
+        # The first record, as Node wrote it, read by Python: header fields, numbers intact.
+        queue.schedule("x", task_id="c")
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        await q.schedule('mail.send', {{ to: 'ann', n: 1.5, big: 123456789012345 }},
+          {{ taskId: 'h', at: {at!r}, maxAttempts: 3, headers: {{ tenant: 'acme' }} }});
+        const c = await q.get('c');
+        await q.close();
+        return {{ c }};
+        """,
+    )
+    assert out["c"]["kind"] == "x" and out["c"]["state"] == "scheduled"
+    with Queue(qname, url=server.url) as queue:
+        info = queue.get("h")
+        assert info is not None
+        assert info.payload == {"to": "ann", "n": 1.5, "big": 123456789012345}
+        assert (info.kind, info.max_attempts, info.headers) == ("mail.send", 3, {"tenant": "acme"})
+        assert info.due_at is not None and abs(info.due_at.timestamp() - at) < 0.001
+        assert info.created_at is not None and abs(info.created_at.timestamp() - time.time()) < 60
+
+
+def test_node_refuses_a_queue_of_a_newer_protocol_major_and_writes_nothing(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    r = redis.Redis.from_url(server.url)
+    r.hset(f"dq:{{{qname}}}:shards", "protocol", "2.0")
+    r.close()
+    before = _keys(server.url, qname)
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        const errors = [];
+        for (const call of [() => q.schedule('k', 1), () => q.get('a'), () => q.cancel('a'),
+                            () => q.protocolVersion()]) {{
+          try {{ await call(); errors.push(null); }}
+          catch (err) {{ errors.push([err.name, err.message, err.stored, err.ours,
+                                      err instanceof delayq.ConfigurationError]); }}
+        }}
+        await q.close();
+        return errors;
+        """,
+    )
+    for name, message, stored, ours, is_configuration in out:
+        assert (name, stored, ours, is_configuration) == (
+            "ProtocolVersionError",
+            "2.0",
+            "1.0",
+            True,
+        )
+        assert "speaks delayq protocol 2.0; this client speaks 1.0" in message
+    assert _keys(server.url, qname) == before
+
+
+def test_node_follows_the_stored_shard_count_and_refuses_another(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    with Queue(qname, url=server.url, shards=4) as queue:
+        queue.schedule("k", 0, task_id="first", delay=60)  # stores 4
+        out = run_node(
+            node,
+            server.url,
+            f"""
+            const stored = new delayq.Queue({json.dumps(qname)}, {{ shards: 'stored' }});
+            const made = await stored.scheduleMany(
+              Array.from({{ length: 40 }}, (_, i) => ({{ kind: 'k', payload: i, delay: 60 }})));
+            const n = stored.n;
+            await stored.close();
+            const wrong = new delayq.Queue({json.dumps(qname)}, {{ shards: 2 }});
+            let refused = null;
+            try {{ await wrong.schedule('k', 1); }} catch (err) {{ refused = err.message; }}
+            await wrong.close();
+            return {{ ids: made.map((r) => r.id), n, refused }};
+            """,
+        )
+        assert out["n"] == 4
+        assert "split into 4 shard(s), but was opened with shards=2" in out["refused"]
+        for i, task_id in enumerate(out["ids"]):
+            info = queue.get(task_id)
+            assert info is not None and info.payload == i
+        assert queue.stats().scheduled == 41
