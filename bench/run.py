@@ -30,6 +30,7 @@ import expiring
 import idle
 import lateness
 import memory
+import node_producer
 import otel
 import schedule
 import soak
@@ -43,6 +44,7 @@ BENCHMARKS = {
         drain,
         costs,
         schedule,
+        node_producer,
         idle,
         memory,
         expiring,

@@ -86,6 +86,11 @@ function codePoints(text) {
   return [...text].length;
 }
 
+/** Whether text is over ``limit`` characters (code points, as Python counts them). */
+function tooLong(text, limit) {
+  return text.length > limit && codePoints(text) > limit; // (never more points than units)
+}
+
 function checkText(value, what) {
   if (!value.isWellFormed()) {
     throw new InvalidTaskError(`${what} ${JSON.stringify(value)} holds a lone surrogate`);
@@ -97,7 +102,7 @@ function validateTaskId(id) {
   if (typeof id !== 'string' || id === '') {
     throw new InvalidTaskError(`taskId must be a non-empty string, got ${JSON.stringify(id)}`);
   }
-  if (codePoints(id) > MAX_ID_LEN) {
+  if (tooLong(id, MAX_ID_LEN)) {
     throw new InvalidTaskError(
       `taskId is ${codePoints(id)} characters, over the limit of ${MAX_ID_LEN}; use a ` +
         "shorter business key such as 'order:42'"
@@ -110,7 +115,7 @@ function validateTaskId(id) {
 }
 
 function validateKind(kind) {
-  if (typeof kind !== 'string' || kind === '' || codePoints(kind) > MAX_KIND_LEN) {
+  if (typeof kind !== 'string' || kind === '' || tooLong(kind, MAX_KIND_LEN)) {
     throw new InvalidTaskError(
       `kind must be a non-empty string of at most ${MAX_KIND_LEN} characters, got ` +
         JSON.stringify(kind)
@@ -185,10 +190,16 @@ function dueSpec(delay, at) {
   return '+' + String(Math.round(seconds(delay == null ? 0 : delay, 'delay') * 1000));
 }
 
-/** Ids of 96 random bits in 16 URL-safe characters, never starting with '-'. */
-function newTaskId() {
-  const id = crypto.randomBytes(12).toString('base64url');
-  return id[0] === '-' ? '_' + id.slice(1) : id;
+/** Ids of 96 random bits in 16 URL-safe characters, never starting with '-'; one read of
+ * the random source for the whole batch. */
+function newTaskIds(n) {
+  const raw = crypto.randomBytes(12 * n).toString('base64url');
+  const ids = new Array(n);
+  for (let i = 0; i < n; i++) {
+    const id = raw.slice(16 * i, 16 * i + 16);
+    ids[i] = id[0] === '-' ? '_' + id.slice(1) : id;
+  }
+  return ids;
 }
 
 function shardOf(taskId, n) {
@@ -245,6 +256,7 @@ class Queue {
       this.ownsClient = true;
       this.connecting = null;
     }
+    this.prefixes = new Map();
     this.checked = false; // reads skip the check once a count is stored
     this.writeChecked = false; // writes once the queue is also stamped
   }
@@ -332,14 +344,29 @@ class Queue {
     return this.shardCheck(false);
   }
 
-  encode(task, createdMs) {
+  /** A record's header up to its created time, per kind and max attempts (cached). */
+  headerPrefix(kind, maxAttempts) {
+    if (typeof kind !== 'string') validateKind(kind); // (throws: the cache holds strings)
+    validateMaxAttempts(maxAttempts);
+    const cacheKey = `${maxAttempts} ${kind}`;
+    let prefix = this.prefixes.get(cacheKey);
+    if (prefix === undefined) {
+      const header = { k: validateKind(kind) };
+      if (maxAttempts) header.m = maxAttempts;
+      prefix = JSON.stringify(header).slice(0, -1) + ',"c":';
+      if (this.prefixes.size > 1000) this.prefixes.clear();
+      this.prefixes.set(cacheKey, prefix);
+    }
+    return prefix;
+  }
+
+  /** Validate and encode one task: {id, due, record}. */
+  encode(task, createdMs, generatedId) {
     if (task == null || typeof task !== 'object') {
       throw new InvalidTaskError(`a task is an object {kind, payload, ...}, got ${task}`);
     }
-    const id = task.taskId == null ? newTaskId() : validateTaskId(task.taskId);
-    const header = { k: validateKind(task.kind) };
-    const maxAttempts = validateMaxAttempts(task.maxAttempts ?? 0);
-    if (maxAttempts) header.m = maxAttempts;
+    const id = task.taskId == null ? generatedId : validateTaskId(task.taskId);
+    const prefix = this.headerPrefix(task.kind, task.maxAttempts ?? 0);
     let data;
     try {
       data = JSON.stringify(task.payload === undefined ? null : task.payload);
@@ -347,15 +374,15 @@ class Queue {
       throw new InvalidTaskError(`payload is not JSON-serialisable (${err.message})`);
     }
     if (data === undefined) throw new InvalidTaskError('payload is not JSON-serialisable');
-    const size = Buffer.byteLength(data);
+    const size = data.length <= this.maxPayload / 3 ? data.length : Buffer.byteLength(data);
     if (size > this.maxPayload) {
       throw new InvalidTaskError(
         `payload is ${size} bytes encoded, over the queue's limit of ${this.maxPayload}; ` +
           'store large data elsewhere and pass a reference'
       );
     }
-    const prefix = JSON.stringify(header).slice(0, -1);
-    const record = `${prefix},"c":${createdMs}${encodeHeaders(task.headers)}}\n${data}`;
+    const headers = task.headers == null ? '' : encodeHeaders(task.headers);
+    const record = `${prefix}${createdMs}${headers}}\n${data}`;
     return { id, due: dueSpec(task.delay, task.at), record };
   }
 
@@ -367,7 +394,9 @@ class Queue {
    */
   async scheduleMany(tasks, { replace = false } = {}) {
     const createdMs = Date.now();
-    const encoded = Array.from(tasks, (t) => this.encode(t, createdMs));
+    const list = Array.from(tasks);
+    const fresh = newTaskIds(list.length);
+    const encoded = list.map((t, i) => this.encode(t, createdMs, fresh[i]));
     const ids = encoded.map((t) => t.id);
     if (new Set(ids).size !== ids.length) {
       throw new InvalidTaskError('the same taskId appears twice in one scheduleMany call');
