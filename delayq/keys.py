@@ -103,7 +103,9 @@ class QueueKeys:
     shards = Key(
         "HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split, "
         "stored by the first process to use it, so one opening it with another number is "
-        "refused instead of writing where the others do not look."
+        "refused instead of writing where the others do not look; field ``protocol``: the "
+        "protocol version the queue speaks (delayq.protocol.version), stamped by the first "
+        "write; field ``moving``: set while ``delayq reshard`` moves the queue."
     )
     workers = Key("HASH worker id -> JSON (host, pid, concurrency, in flight, started ...).")
     workers_seen = Key("ZSET worker id -> when it last claimed or heartbeat (ms).")
