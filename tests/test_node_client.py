@@ -281,3 +281,51 @@ def test_node_follows_the_stored_shard_count_and_refuses_another(
             info = queue.get(task_id)
             assert info is not None and info.payload == i
         assert queue.stats().scheduled == 41
+
+
+def test_node_refuses_bad_tasks_with_a_clear_error_and_writes_nothing(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)}, {{ maxPayload: 100 }});
+        const refused = [];
+        for (const tasks of [
+          [{{ kind: '' }}],
+          [{{ kind: 'k\\n' }}],
+          [{{ kind: 'k', taskId: 'x'.repeat(257) }}],
+          [{{ kind: 'k', payload: 'x'.repeat(200) }}],
+          [{{ kind: 'k', payload: {{ n: 10n }} }}],
+          [{{ kind: 'k', delay: -1 }}],
+          [{{ kind: 'k', delay: 1, at: 5 }}],
+          [{{ kind: 'k', maxAttempts: 1.5 }}],
+          [{{ kind: 'k', headers: {{ tenant: 7 }} }}],
+          [{{ kind: 'k', taskId: 'a' }}, {{ kind: 'k', taskId: 'a' }}],
+          [{{ kind: 'ok', taskId: 'good' }}, {{ kind: 'k', taskId: '\\ud800' }}],
+        ]) {{
+          try {{ await q.scheduleMany(tasks); refused.push(null); }}
+          catch (err) {{ refused.push([err.name, err.message]); }}
+        }}
+        await q.close();
+        return refused;
+        """,
+    )
+    wanted = [
+        "kind must be a non-empty string",
+        "contains control characters",
+        "over the limit of 256",
+        "over the queue's limit of 100",
+        "not JSON-serialisable",
+        "must not be negative",
+        "either delay or at",
+        "maxAttempts must be a whole number",
+        "header values must be strings",
+        "appears twice",
+        "lone surrogate",
+    ]
+    assert len(out) == len(wanted)
+    for got, want in zip(out, wanted, strict=True):
+        assert got is not None and got[0] == "InvalidTaskError" and want in got[1], (got, want)
+    assert _keys(server.url, qname) == set()  # nothing written, not even the shard count

@@ -247,12 +247,18 @@ class Queue {
     this.n = this.stored ? 1 : shards;
     this.dedupeMs = Math.round(seconds(options.dedupeWindow ?? 86400, 'dedupeWindow') * 1000);
     this.maxPayload = options.maxPayload ?? DEFAULT_MAX_PAYLOAD;
+    if (!Number.isInteger(this.maxPayload) || this.maxPayload < 1) {
+      throw new ConfigurationError(
+        `maxPayload must be a positive byte count, got ${this.maxPayload}`
+      );
+    }
     if (client) {
       this.client = client;
       this.ownsClient = false;
     } else {
       const { createClient } = require('redis');
-      this.client = createClient({ url: url || process.env.DELAYQ_REDIS_URL || process.env.REDIS_URL });
+      const env = process.env.DELAYQ_REDIS_URL || process.env.REDIS_URL;
+      this.client = createClient({ url: url || env }); // (neither: localhost:6379)
       this.ownsClient = true;
       this.connecting = null;
     }
