@@ -41,11 +41,14 @@ const { Queue } = require(%(client)s);
   const tasks = [];
   for (let i = 0; i < %(n)d; i++) tasks.push({ kind: %(kind)s, payload: %(payload)s, delay: 3600 });
   const t = process.hrtime.bigint();
+  const cpu0 = process.cpuUsage();
   const results = await q.scheduleMany(tasks);
   const seconds = Number(process.hrtime.bigint() - t) / 1e9;
+  const used = process.cpuUsage(cpu0);
+  const cpu = (used.user + used.system) / 1e6;
   await q.close();
   if (results.length !== tasks.length) throw new Error('not every task was scheduled');
-  process.stdout.write(JSON.stringify({ seconds }));
+  process.stdout.write(JSON.stringify({ seconds, cpu }));
 })().catch((err) => { console.error(err); process.exit(1); });
 """
 
@@ -59,8 +62,9 @@ def _node() -> str:
     return node
 
 
-def node_run(node: str, url: str, n: int) -> float:
-    """Seconds the Node client took to schedule ``n`` tasks on a fresh queue."""
+def node_run(node: str, url: str, n: int) -> tuple[float, float]:
+    """Seconds the Node client took to schedule ``n`` tasks on a fresh queue, and the CPU
+    seconds its process used meanwhile."""
     script = _NODE_RUN % {
         "client": json.dumps(str(NODE_DIR)),
         "kind": json.dumps(KIND),
@@ -77,19 +81,21 @@ def node_run(node: str, url: str, n: int) -> float:
     )
     if done.returncode != 0:
         raise RuntimeError(f"the Node producer failed:\n{done.stderr}")
-    return float(json.loads(done.stdout)["seconds"])
+    out = json.loads(done.stdout)
+    return float(out["seconds"]), float(out["cpu"])
 
 
-def python_run(url: str, n: int) -> float:
-    """Seconds ``Queue.schedule_many`` took to schedule ``n`` tasks on a fresh queue."""
+def python_run(url: str, n: int) -> tuple[float, float]:
+    """Seconds ``Queue.schedule_many`` took to schedule ``n`` tasks on a fresh queue, and
+    the CPU seconds this process used meanwhile."""
     with Queue(f"py-{secrets.token_hex(3)}", url=url) as q:
         q.schedule(KIND, PAYLOAD, delay=3600)  # connect and load the script first
         specs = [TaskSpec(KIND, PAYLOAD, delay=3600) for _ in range(n)]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         ids = q.schedule_many(specs)
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
         assert len(ids) == n
-    return seconds
+    return seconds, cpu
 
 
 def run(rep: Report) -> None:
@@ -99,7 +105,8 @@ def run(rep: Report) -> None:
         rep.line(f"server {short_version(srv)} (AOF everysec); {n:,} tasks a run, {PAYLOAD}")
         meter = client(srv.url)
         rates: dict[str, list[float]] = {"node": [], "python": []}
-        cpu: dict[str, list[float]] = {"node": [], "python": []}
+        cpu: dict[str, list[float]] = {"node": [], "python": []}  # the server's
+        own: dict[str, list[float]] = {"node": [], "python": []}  # the producer's
         try:
             for _ in range(REPEATS):
                 for side, timed in (
@@ -107,20 +114,29 @@ def run(rep: Report) -> None:
                     ("python", lambda: python_run(srv.url, n)),
                 ):
                     cpu0 = server_cpu(meter)
-                    rates[side].append(n / timed())
+                    seconds, producer = timed()
                     cpu[side].append(server_cpu(meter) - cpu0)
+                    rates[side].append(n / seconds)
+                    own[side].append(producer)
                 rep.line(
-                    f"  run: Node scheduleMany {rates['node'][-1]:,.0f} tasks/s (server CPU "
-                    f"{cpu['node'][-1]:.2f} s), Python schedule_many {rates['python'][-1]:,.0f} "
-                    f"tasks/s (server CPU {cpu['python'][-1]:.2f} s)"
+                    "  run: "
+                    + ", ".join(
+                        f"{label} {rates[side][-1]:,.0f} tasks/s (CPU: producer "
+                        f"{own[side][-1]:.2f} s, server {cpu[side][-1]:.2f} s)"
+                        for side, label in (
+                            ("node", "Node scheduleMany"),
+                            ("python", "Python schedule_many"),
+                        )
+                    )
                 )
         finally:
             meter.close()
     node_rate, py_rate = median(rates["node"]), median(rates["python"])
     rep.line(
         f"median: Node {node_rate:,.0f} tasks/s, Python {py_rate:,.0f} tasks/s "
-        f"(Node / Python {node_rate / py_rate:.2f}); server CPU per task: Node "
-        f"{1e6 * median(cpu['node']) / n:.1f} us, Python {1e6 * median(cpu['python']) / n:.1f} us"
+        f"(Node / Python {node_rate / py_rate:.2f}); CPU per task (producer + server): Node "
+        f"{1e6 * median(own['node']) / n:.1f} + {1e6 * median(cpu['node']) / n:.1f} us, "
+        f"Python {1e6 * median(own['python']) / n:.1f} + {1e6 * median(cpu['python']) / n:.1f} us"
     )
     rep.figure(
         "node_producer",
@@ -130,6 +146,7 @@ def run(rep: Report) -> None:
             "python_tasks_per_s": py_rate,
             "runs": rates,
             "server_cpu_s": cpu,
+            "producer_cpu_s": own,
         },
     )
     rep.bar("Node scheduleMany throughput (median of 3)", node_rate, ">=", NODE_BAR, "tasks/s")
