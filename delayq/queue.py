@@ -263,9 +263,9 @@ class _Base(Generic[C]):
             self.shards.verify((yield from call(self.shards.check_op(store=store))))
 
     def _protocol_plan(self) -> Plan[str]:
-        """Read the queue's protocol version (every call: a readiness probe sees a change),
-        after the checks of the first call: a queue of another protocol major, or opened
-        with the wrong shard count, is refused."""
+        """Read the queue's protocol version, every call (a readiness probe sees a change),
+        with the checks of a first call: a queue of another protocol major, or opened with
+        the wrong shard count, is refused."""
         stored = yield from call(self.shards.check_op(store=False))
         self.shards.verify(stored)
         return stored.protocol
