@@ -109,6 +109,12 @@ class QueueKeys:
     )
     workers = Key("HASH worker id -> JSON (host, pid, concurrency, in flight, started ...).")
     workers_seen = Key("ZSET worker id -> when it last claimed or heartbeat (ms).")
+    control = Key(
+        "HASH of the shard's admission controls, read by every claim: ``paused``; the rate "
+        "limit's share of this shard (``rate`` tokens per ms, ``burst``) and its bucket "
+        "(``tokens`` at ``ts``); the queue-wide limit as set (``limit``, ``limit_burst``). "
+        "Absent when no control is set."
+    )
     cron = Key("HASH schedule name -> JSON: definition, next and last occurrence, last outcome.")
     xkeys = Key("HASH watched key -> id of the task that fires when it expires.")
     expiry = Key("HASH describing the expiry watcher (mode: notifications on, or timer and scan).")

@@ -23,7 +23,9 @@ MAX_CLAIM = 1000  # tasks per claim call: bounds the script's run time and its r
 # rows unpacked by name, checked here against the declaration's (unpacking a row costs a
 # quarter less than ten index sums, on the worker's hottest path).
 _CLAIM = SCRIPTS["claim"].reply
-_NOW, _NEXT_DUE, _NEXT_LEASE = (_CLAIM.at(n) for n in ("now", "next_due", "next_lease"))
+_NOW, _NEXT_DUE, _NEXT_LEASE, _NEXT_TOKEN = (
+    _CLAIM.at(n) for n in ("now", "next_due", "next_lease", "next_token")
+)
 _CLAIM.require_row(
     "id",
     "kind",
@@ -58,6 +60,8 @@ class ClaimResult:
     next_lease_ms: int | None
     tasks: list[Claimed]
     now_us: int  # the same instant as now_ms, to the microsecond (the worker's clock)
+    # Due tasks were left for want of the rate limit's tokens: when the next one is (ms).
+    next_token_ms: int | None = None
 
 
 def _opt(v: Any) -> int | None:
@@ -83,8 +87,13 @@ def claim(
     reap_limit: int = 100,
     worker: str = "",
     worker_info: str = "",
+    rooms: Sequence[Arg] = (),
     now_ms: int | None = None,
 ) -> Op[ClaimResult]:
+    """Lease the tasks due within ``lookahead_ms``, at most ``limit``. ``rooms``: pairs
+    ``kind, room`` (the worker's per-kind concurrency left; see controls.kind_rooms); a kind
+    whose room is 0 is left waiting. Empty: every kind, as claim always did."""
+
     def parse(r: Any) -> ClaimResult:
         # claim.lua buried the records it could not read and sends the rest's header fields
         # decoded (see its header): nothing to validate here, and no JSON to parse.
@@ -108,7 +117,14 @@ def claim(
             )
         ]
         now_us = int(r[_NOW])
-        return ClaimResult(now_us // 1000, _opt(r[_NEXT_DUE]), _opt(r[_NEXT_LEASE]), tasks, now_us)
+        return ClaimResult(
+            now_us // 1000,
+            _opt(r[_NEXT_DUE]),
+            _opt(r[_NEXT_LEASE]),
+            tasks,
+            now_us,
+            _opt(r[_NEXT_TOKEN]),
+        )
 
     return core.op(
         "claim",
@@ -122,7 +138,7 @@ def claim(
             "worker_info": worker_info,
             "channel": core.keys.wake_channel,
         },
-        [],
+        list(rooms),
         parse,
     )
 

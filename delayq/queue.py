@@ -17,9 +17,10 @@ import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq import hooks
+from delayq import controls, hooks
 from delayq.codec import DEFAULT_MAX_PAYLOAD
 from delayq.connection import RETRIES, async_client, check_client, resolve_url, sync_client
+from delayq.controls import Controls, RateLimit
 from delayq.core import (
     DEFAULT_DEDUPE_WINDOW,
     MAX_DEAD_PAGE,
@@ -53,6 +54,7 @@ from delayq.timing import Clock, Duration, seconds
 T = TypeVar("T")
 C = TypeVar("C", redis.Redis, aredis.Redis)
 R = TypeVar("R", SyncRunner, AsyncRunner)
+L = TypeVar("L", RateLimit, None)
 
 SCHEDULE_BATCH = 1000  # tasks per script call in schedule_many
 CALLS_PER_ROUND_TRIP = 8
@@ -385,6 +387,25 @@ class _Base(Generic[C]):
         ]
         return (yield from _until_none(purges, progress))
 
+    # Admission controls (controls.py): one script call per shard, in one round trip.
+
+    def _controls_plan(self, ops: list[Op[T]]) -> Plan[list[T]]:
+        yield from self._check_shards_plan(store=False)
+        return (yield from batch_plan(ops))
+
+    def _set_limit_plan(self, limit: L) -> Plan[L]:
+        n = self.shards.n
+        yield from self._controls_plan([controls.set_limit(c, limit, n) for c in self.shards.cores])
+        return limit
+
+    def _read_controls_plan(self) -> Plan[Controls]:
+        parts = yield from self._controls_plan([controls.read(c) for c in self.shards.cores])
+        return controls.merged(parts)
+
+    def _pause_plan(self, paused: bool) -> Plan[bool]:
+        ops = [controls.pause(c, paused) for c in self.shards.cores]
+        return any((yield from self._controls_plan(ops)))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
@@ -570,6 +591,40 @@ class Queue(_Base[redis.Redis]):
         ``progress`` hears how many each batch deleted."""
         return self.runner.drive(self._purge_plan(ids, older_than, progress))
 
+    # -- admission controls (docs/controls.md) ------------------------------------------
+
+    def set_rate_limit(self, rate: str, burst: int | None = None) -> RateLimit:
+        """Let workers start at most ``rate`` tasks ("100/s", "30/m", "2/h") of this queue,
+        all workers together, with bursts of up to ``burst`` (default: one second's worth,
+        at least 1). Tasks over the limit wait, scheduled; nothing is retried for it.
+        Raises ConfigurationError for a bad rate or burst, before anything is written."""
+        return self.runner.drive(self._set_limit_plan(controls.rate_limit(rate, burst)))
+
+    def rate_limit(self) -> RateLimit | None:
+        """The queue's rate limit, None when it has none."""
+        return self.controls().limit
+
+    def clear_rate_limit(self) -> None:
+        """Remove the rate limit: claims take every due task again."""
+        self.runner.drive(self._set_limit_plan(None))
+
+    def pause(self) -> bool:
+        """Stop workers claiming this queue's tasks (running ones finish and are written;
+        expired leases are still reaped); True unless it was paused already."""
+        return self.runner.drive(self._pause_plan(True))
+
+    def resume(self) -> bool:
+        """Let workers claim again; idle workers hear of it at once (a wake-up). True unless
+        it was not paused."""
+        return self.runner.drive(self._pause_plan(False))
+
+    def paused(self) -> bool:
+        return self.controls().paused
+
+    def controls(self) -> Controls:
+        """The queue's admission controls: paused, the rate limit and its tokens now."""
+        return self.runner.drive(self._read_controls_plan())
+
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
@@ -676,6 +731,29 @@ class AsyncQueue(_Base[aredis.Redis]):
         progress: Progress | None = None,
     ) -> int:
         return await self.runner.drive(self._purge_plan(ids, older_than, progress))
+
+    # -- admission controls: as on Queue ------------------------------------------------
+
+    async def set_rate_limit(self, rate: str, burst: int | None = None) -> RateLimit:
+        return await self.runner.drive(self._set_limit_plan(controls.rate_limit(rate, burst)))
+
+    async def rate_limit(self) -> RateLimit | None:
+        return (await self.controls()).limit
+
+    async def clear_rate_limit(self) -> None:
+        await self.runner.drive(self._set_limit_plan(None))
+
+    async def pause(self) -> bool:
+        return await self.runner.drive(self._pause_plan(True))
+
+    async def resume(self) -> bool:
+        return await self.runner.drive(self._pause_plan(False))
+
+    async def paused(self) -> bool:
+        return (await self.controls()).paused
+
+    async def controls(self) -> Controls:
+        return await self.runner.drive(self._read_controls_plan())
 
     async def close(self) -> None:
         if self._owns_client:

@@ -340,6 +340,9 @@ NAMES = (
     "reshard_mark",
     "move_tasks",
     "move_fields",
+    "control",
+    "limit",
+    "pause",
 )
 
 

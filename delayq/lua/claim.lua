@@ -8,6 +8,7 @@
 -- KEYS[7] workers
 -- KEYS[8] workers_seen
 -- KEYS[9] attempts
+-- KEYS[10] control
 -- ARGV[1] now           ms, or "" for the server's TIME
 -- ARGV[2] lookahead_ms  also claim tasks due this soon; the worker starts them on a local timer
 -- ARGV[3] limit         at most this many tasks
@@ -16,8 +17,10 @@
 -- ARGV[6] worker        the claiming worker's id ("" = do not register)
 -- ARGV[7] worker_info   its registration (JSON; "" = unchanged since the last one)
 -- ARGV[8] channel       the wake channel: told when a new lease ends before every lease held
--- REPLY {now, next_due, next_lease} then per task {id, kind, attempt, max_attempts, token, due, created, format, headers, payload}
--- Returns: {now (in microseconds), next_due, next_lease_deadline, then per task: id, kind,
+-- ARGV[9...] rooms      pairs "kind room": take at most room more tasks of that kind (the
+--                       worker's per-kind concurrency); none: every kind, the plain path
+-- REPLY {now, next_due, next_lease, next_token} then per task {id, kind, attempt, max_attempts, token, due, created, format, headers, payload}
+-- Returns: {now (in microseconds), next_due, next_lease_deadline, next_token, then per task: id, kind,
 --          attempt, max_attempts, token, due, created, format ("" for JSON), headers (their
 --          JSON object as the record holds it, "" for none), payload}; the
 --          other times are ms (-1 when there is none); a due time with microseconds comes
@@ -25,8 +28,17 @@
 --          the payload's. A record whose header cannot be decoded goes to the dead set.
 -- The record is not rewritten: the attempt's token, number and due time go to the attempts
 -- hash (dq_attempt_text), a few bytes per task.
+-- Admission (the control key, one HMGET per call; see lib/admit.lua): while the shard is
+-- paused nothing is claimed and next_due is -1 (resume publishes a wake-up); expired leases
+-- are still reaped. A rate limit takes one token per task claimed; when due tasks are left
+-- for want of tokens, next_token is when the next one is available (else -1). With rooms,
+-- a kind whose room is used up is skipped: its tasks stay scheduled for other workers, and
+-- the claim looks at most ADMIT_SCAN rows past limit for other kinds. Then next_due is the
+-- first due time after the skipped rows, or -1 when the look was cut short (the worker
+-- looks again when one of its runs ends).
 --@include common
 --@include reap
+--@include admit
 local now, now_us = dq_now_us(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 
@@ -43,21 +55,31 @@ if lease_head and lease_head <= now then
 end
 
 local limit = tonumber(A.limit)
-local out = {now_us, -1, -1}
+local out = {now_us, -1, -1, -1}
 local head = dq_head(K.scheduled)
-if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
-  local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now + tonumber(A.lookahead_ms),
-    'WITHSCORES', 'LIMIT', 0, limit)
+local gate = dq_admit_gate(K.control, now, limit)
+local horizon = now + tonumber(A.lookahead_ms)
+local taken, skipped, cut = 0, 0, false
+if gate then limit = gate.limit end
+if limit > 0 and head and head <= horizon then
+  local rooms = dq_admit_rooms(REST)
+  local scan = limit
+  if rooms then scan = limit + ADMIT_SCAN end
+  local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', horizon,
+    'WITHSCORES', 'LIMIT', 0, scan)
   local ids = {}
   for i = 1, #due, 2 do ids[(i + 1) / 2] = due[i] end
+  local recs = #ids > 0 and redis.call('HMGET', K.tasks, unpack(ids))
+  local cache = {}  -- see dq_split_cached
+  if rooms and #ids > 0 then
+    ids, due, recs, skipped, cut = dq_admit_kinds(ids, due, recs, rooms, limit, scan, cache)
+  end
   if #ids > 0 then
-    local recs = redis.call('HMGET', K.tasks, unpack(ids))
     local states = redis.call('HMGET', K.attempts, unpack(ids))
     local token = redis.call('HINCRBY', K.stats, 'claim_seq', #ids) - #ids
     local lease = tonumber(A.lease_ms)
     -- Tables grow by index counters (n, o): "#t + 1" costs a search on every insert.
     local claims, leases, corrupt, n, o = {}, {}, {}, 0, #out
-    local cache = {}  -- see dq_split_cached
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
       local h, payload, created, hs = nil, nil, nil, nil
@@ -87,6 +109,7 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
         corrupt[#corrupt + 1] = id
       end
     end
+    taken = n / 2
     -- Every task's claim is built before any task leaves the scheduled set.
     redis.call('ZREM', K.scheduled, unpack(ids))
     if n > 0 then
@@ -102,6 +125,9 @@ if limit > 0 and head and head <= now + tonumber(A.lookahead_ms) then
   end
   head = dq_head(K.scheduled)
   lease_head = first_lease()
+end
+if gate or skipped > 0 then
+  head, out[4] = dq_admit_reply(K, gate, now, horizon, head, taken, skipped, cut)
 end
 if head then out[2] = head end
 if lease_head then out[3] = lease_head end

@@ -30,6 +30,9 @@ class Handler:
     # the user's function through WorkerContext.invoke itself: the middleware wraps that
     # call, not this one.
     internal: bool = False
+    # Most runs of this kind held at once by one worker (running or claimed to start); None:
+    # only the worker's concurrency bounds them.
+    concurrency: int | None = None
 
     def attempts_allowed(self, record_max: int) -> int:
         """A limit given at schedule time (``max_attempts=``) wins over the handler's."""
@@ -45,6 +48,7 @@ def make_handler(
     jitter: float = DEFAULT_JITTER,
     timeout: Duration | None = None,
     internal: bool = False,
+    concurrency: int | None = None,
 ) -> Handler:
     validate_kind(kind)
     if not callable(fn):
@@ -69,6 +73,7 @@ def make_handler(
         jitter=jitter,
         timeout=seconds(timeout, "timeout") if timeout is not None else None,
         internal=internal,
+        concurrency=concurrency,
     )
 
 
@@ -87,3 +92,7 @@ class Registry:
 
     def kinds(self) -> list[str]:
         return sorted(self._handlers)
+
+    def caps(self) -> dict[str, int]:
+        """Kind -> its handler's ``concurrency``, for the kinds that have one."""
+        return {k: h.concurrency for k, h in self._handlers.items() if h.concurrency is not None}

@@ -71,6 +71,7 @@ class Runs:
         *,
         concurrency: int | None = None,
         lookahead: float = 0.0,
+        caps: dict[str, int] | None = None,
     ) -> None:
         self.executor = executor
         self.finisher = finisher
@@ -89,6 +90,10 @@ class Runs:
         self.service_s: float | None = None  # mean time a handler holds its slot
         self.batches: Batches[Run] = Batches(self._begin, self._abandon, self._stepped)
         self._alone: dict[str, int] = {}  # kind -> runs left to start alone before a probe
+        # Per-kind concurrency: kind -> its cap, and the runs of it held (claimed, not yet
+        # finished); empty when no handler has a cap, and then nothing is counted.
+        self.caps: dict[str, int] = dict(caps or {})
+        self.of_kind: dict[str, set[Run]] = {kind: set() for kind in self.caps}
 
     @property
     def held(self) -> int:
@@ -121,6 +126,15 @@ class Runs:
             return 0
         return free
 
+    def held_of_kind(self) -> dict[str, int]:
+        """Kind -> runs of it held, for the kinds with a cap."""
+        return {kind: len(runs) for kind, runs in self.of_kind.items()}
+
+    def _uncount(self, run: Run) -> None:
+        held = self.of_kind.get(run.claimed.header.kind)
+        if held is not None:
+            held.discard(run)
+
     def start(self, claimed: Claimed) -> None:
         self.start_many([claimed])
 
@@ -128,6 +142,7 @@ class Runs:
         """Take in a claim's tasks: each starts, or waits for a slot. ``server_now_ms`` (the
         claim's server time) spares working out a timer for tasks already due."""
         queued_at = time.monotonic()
+        of_kind = self.of_kind
         for claimed in batch:
             earlier = self.by_id.get(claimed.id)
             if earlier is not None:
@@ -138,6 +153,8 @@ class Runs:
                 else:
                     self._lose(earlier)  # we re-claimed it: that run's lease is gone
             run = Run(claimed)
+            if of_kind and (held := of_kind.get(claimed.header.kind)) is not None:
+                held.add(run)
             due = claimed.header.due_ms
             run.due_now = due is None or (server_now_ms is not None and due <= server_now_ms)
             self.by_id[claimed.id] = run
@@ -238,6 +255,8 @@ class Runs:
     def _free_slot(self, run: Run) -> None:
         """Give back the run's concurrency slot, exactly once: to the next run claimed
         ahead, or to the claim loop."""
+        if self.of_kind:
+            self._uncount(run)  # (before the slot check: a run lost while queued has none)
         if not run.slot:
             return
         run.slot = False
@@ -248,6 +267,7 @@ class Runs:
                 continue
             if time.monotonic() - nxt.queued_at > MAX_QUEUED_S:
                 # Claimed ahead for handlers that then slowed down: let another worker run it.
+                self._uncount(nxt)
                 self._finish(nxt, Outcome("release", nxt.claimed.id, nxt.claimed.token))
                 continue
             self._take_slot(nxt)
@@ -316,6 +336,7 @@ class Runs:
         runs them."""
         while self.queued:
             run = self.queued.popleft()
+            self._uncount(run)
             if not run.lost:
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
         for run in list(self.by_id.values()):

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from delayq import hooks, leasing
+from delayq import controls, hooks, leasing
 from delayq.connection import async_client
 from delayq.cron.worker import Schedules
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
@@ -58,6 +58,10 @@ REREGISTER_EVERY_S = 60.0
 WORKER_SOCKET_TIMEOUT_S = 5.0
 # One handler thread per slot is started up front: beyond this, more processes serve better.
 MAX_CONCURRENCY = 10_000
+# A claim held back by the rate limit looks again when its next token is there, but no
+# sooner than this: a throttled worker takes a few tokens a claim, not one (at 100/s, 20
+# claims a second of 5 tasks, rather than 100 of one).
+THROTTLE_STEP_S = 0.05
 
 
 def _checked_concurrency(concurrency: int) -> int:
@@ -159,6 +163,7 @@ class Worker:
         backoff: Any = None,
         jitter: float | None = None,
         timeout: float | timedelta | None = None,
+        concurrency: int | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register the decorated function (sync or async) as the handler of ``kind``.
 
@@ -171,8 +176,15 @@ class Worker:
             jitter: spread each backoff by this share either way (default 0.1).
             timeout: seconds (or a ``timedelta``) a run may take before it fails with
                 ``TimeoutError`` (default: no limit).
+            concurrency: at most this many tasks of ``kind`` held by this worker at once
+                (running, or claimed and waiting to start); the rest stay scheduled, for
+                other workers (default: only the worker's ``concurrency`` bounds them).
         """
         options: dict[str, Any] = {"max_attempts": max_attempts, "timeout": timeout}
+        if concurrency is not None:
+            options["concurrency"] = controls.checked_concurrency(
+                kind, concurrency, self.concurrency
+            )
         if backoff is not None:
             options["backoff"] = backoff
         if jitter is not None:
@@ -297,6 +309,8 @@ class Worker:
             raise ConfigurationError("configure() a worker before it serves, not while")
         if concurrency is not None:
             self.concurrency = _checked_concurrency(concurrency)
+            for kind, cap in self.registry.caps().items():
+                controls.checked_concurrency(kind, cap, self.concurrency)
         if lease is not None:
             self.lease_s = _checked_lease(lease)
 
@@ -397,6 +411,7 @@ class Worker:
             self.waker.poke,
             concurrency=self.concurrency,
             lookahead=self.lookahead_s,
+            caps=self.registry.caps(),
         )
         lease_ms = round(self.lease_s * 1000)
         self.heartbeat = Heartbeat(
@@ -511,12 +526,12 @@ class Worker:
             # Each shard visited gets its share, and their tasks start interleaved: a batch
             # claimed ahead from one shard must not run before every other shard's tasks.
             share = -(-free // max(len(visit), 1))
-            batches = []
+            batches: list[list[Claimed]] = []
             for i in visit:
                 seen_at[i] = loop.time()
                 limit = min(share, free)
                 try:
-                    next_at[i], got = await self._claim_from(i, limit, lease_ms)
+                    next_at[i], got = await self._claim_from(i, limit, lease_ms, batches)
                 except DelayqError as e:
                     where = f" on shard {i}" if len(cores) > 1 else ""
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
@@ -543,10 +558,11 @@ class Worker:
             await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
 
     async def _claim_from(
-        self, shard: int, free: int, lease_ms: int
+        self, shard: int, free: int, lease_ms: int, pending: list[list[Claimed]] | None = None
     ) -> tuple[float, list[Claimed]]:
         """Claim up to ``free`` tasks from one shard; returns (loop time the shard next needs
-        a look, the tasks claimed). Registration rides on the home shard."""
+        a look, the tasks claimed). Registration rides on the home shard. ``pending``: tasks
+        claimed from other shards in this pass, not yet started (they use kinds' rooms)."""
         loop = asyncio.get_running_loop()
         core = self.queue.shards.cores[shard]
         worker, info = self._registration_due() if shard == 0 else ("", "")
@@ -560,6 +576,7 @@ class Worker:
                     lookahead_ms=round(self.lookahead_s * 1000),
                     worker=worker,
                     worker_info=info,
+                    rooms=self._kind_rooms(pending) if self.runs.caps else (),
                 )
             )
         except DelayqError:
@@ -570,9 +587,28 @@ class Worker:
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
+        if result.next_token_ms is not None:
+            next_at = self._throttled(result.next_token_ms, next_at)
         if result.next_lease_ms is not None:
             next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
         return next_at, result.tasks
+
+    def _kind_rooms(self, pending: list[list[Claimed]] | None) -> list[Any]:
+        """Claim's per-kind rooms: each capped kind's cap less the runs of it held and those
+        claimed in this pass (``pending``)."""
+        held = self.runs.held_of_kind()
+        for batch in pending or ():
+            for c in batch:
+                if c.header.kind in held:
+                    held[c.header.kind] += 1
+        return controls.kind_rooms(self.runs.caps, held)
+
+    def _throttled(self, token_ms: int, next_at: float) -> float:
+        """Due tasks wait for the rate limit's next token (server ms): the loop time to look
+        again (the claim loop wakes ``lookahead`` before a shard's time, hence the add)."""
+        at = max(self._to_loop(token_ms), asyncio.get_running_loop().time() + THROTTLE_STEP_S)
+        at += self.lookahead_s
+        return at if math.isinf(next_at) else max(next_at, at)
 
     async def _check_shards(self) -> None:
         """Serving a queue with the wrong shard count would leave some shards unserved:

@@ -17,7 +17,7 @@ from delayq.scripts import NAMES, SCRIPTS, Reply, file_of, parse_reply
 READ: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     (
         "claim",
-        ("now", "next_due", "next_lease"),
+        ("now", "next_due", "next_lease", "next_token"),
         (
             "id",
             "kind",
@@ -83,9 +83,14 @@ def test_the_decoders_names_are_in_the_declarations(
 
 def test_the_decoders_read_their_positions_from_the_declaration() -> None:
     claim = SCRIPTS["claim"].reply
-    assert (claim.head, claim.stride, claim.tail) == (3, 10, 0)
+    assert (claim.head, claim.stride, claim.tail) == (4, 10, 0)
     assert (claim.at("now"), claim.field("token"), claim.field("payload")) == (0, 4, 9)
-    assert (leasing._NOW, leasing._NEXT_DUE, leasing._NEXT_LEASE) == (0, 1, 2)
+    assert (leasing._NOW, leasing._NEXT_DUE, leasing._NEXT_LEASE, leasing._NEXT_TOKEN) == (
+        0,
+        1,
+        2,
+        3,
+    )
     assert inspect._LATER == -1 and inspect._OVERDUE == 1
     assert cron_ops._READ_NOW == 0
     assert expiring_ops.SCRIPTS["expire_confirm"].reply.heads == ("status", "ms")
