@@ -152,6 +152,10 @@ class Worker:
         self._registered_at = -REGISTER_EVERY_S
         self._registered_info = ""  # the last whole registration sent, and when
         self._registered_full_at = -REREGISTER_EVERY_S
+        # Per shard: until when (loop time) the rate limit holds its claims back. Neither a
+        # poke (a handler finished) nor a wake-up ends it: a claim could take no more (and
+        # a claim's own wake-up would wake this worker again).
+        self._throttled_until: dict[int, float] = {}
 
     # -- registration ---------------------------------------------------------------------
 
@@ -514,6 +518,7 @@ class Worker:
                 i
                 for i in order
                 if resting_until[i] <= now
+                and (not self._throttled_until or self._admitted(i, now))
                 and (
                     len(cores) == 1
                     or poked
@@ -588,7 +593,9 @@ class Worker:
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
         if result.next_token_ms is not None:
-            next_at = self._throttled(result.next_token_ms, next_at)
+            next_at = self._throttled(shard, result.next_token_ms, next_at)
+        elif self._throttled_until:
+            self._throttled_until.pop(shard, None)
         if result.next_lease_ms is not None:
             next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
         return next_at, result.tasks
@@ -603,12 +610,23 @@ class Worker:
                     held[c.header.kind] += 1
         return controls.kind_rooms(self.runs.caps, held)
 
-    def _throttled(self, token_ms: int, next_at: float) -> float:
+    def _throttled(self, shard: int, token_ms: int, next_at: float) -> float:
         """Due tasks wait for the rate limit's next token (server ms): the loop time to look
-        again (the claim loop wakes ``lookahead`` before a shard's time, hence the add)."""
-        at = max(self._to_loop(token_ms), asyncio.get_running_loop().time() + THROTTLE_STEP_S)
+        again (the claim loop wakes ``lookahead`` before a shard's time, hence the add), at
+        most max_wait away (a wake-up lost: the limit may have changed)."""
+        now = asyncio.get_running_loop().time()
+        at = min(max(self._to_loop(token_ms), now + THROTTLE_STEP_S), now + self.max_wait_s)
+        self._throttled_until[shard] = at
         at += self.lookahead_s
         return at if math.isinf(next_at) else max(next_at, at)
+
+    def _admitted(self, shard: int, now: float) -> bool:
+        """Whether the rate limit lets the claim loop visit ``shard`` now: the time of its
+        next token has come (a changed limit is seen then, within max_wait)."""
+        if self._throttled_until.get(shard, 0.0) <= now:
+            self._throttled_until.pop(shard, None)
+            return True
+        return False
 
     async def _check_shards(self) -> None:
         """Serving a queue with the wrong shard count would leave some shards unserved:
