@@ -18,6 +18,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import redact, resolve_url, sync_client
+from delayq.controls import Controls, RateLimit, backlog_s, merged
+from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, as_bytes, as_str, check_page
 from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
@@ -44,18 +46,38 @@ class QueueOverview:
 
     stats: QueueStats
     workers: list[WorkerInfo]
+    controls: Controls | None = None  # paused, the rate limit (None: not read)
 
     @property
     def name(self) -> str:
         return self.stats.queue
 
     @property
+    def paused(self) -> bool:
+        return self.controls is not None and self.controls.paused
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        return self.controls.limit if self.controls is not None else None
+
+    @property
+    def throttle_backlog(self) -> float | None:
+        """Seconds the rate limit needs for the tasks due now (due / rate; None: no limit)."""
+        return backlog_s(self.stats.due, self.rate_limit)
+
+    @property
     def live_workers(self) -> list[WorkerInfo]:
         return [w for w in self.workers if w.alive]
 
     def as_dict(self) -> dict[str, Any]:
+        limit = self.rate_limit
         return {
             **self.stats.as_dict(),
+            "paused": self.paused,
+            "rate_limit": None
+            if limit is None
+            else {"rate": limit.rate, "per_second": limit.per_second, "burst": limit.burst},
+            "throttle_backlog_s": self.throttle_backlog,
             "workers_alive": len(self.live_workers),
             "workers": [w.as_dict() for w in self.workers],
         }
@@ -266,19 +288,21 @@ class Admin:
             raise translate(e, self.client) from None
 
     def overviews(self, names: Iterable[str] | None = None) -> list[QueueOverview]:
-        """Stats and workers of each queue, all in one round trip."""
+        """Stats, workers and controls of each queue, all in one round trip."""
         queues = [self.queue(n) for n in (self.queue_names() if names is None else names)]
         if not queues:
             return []
         ops: list[Op[Any]] = []
-        for q in queues:  # every shard's stats, and the workers (registered on shard 0)
-            ops += [*(c.stats() for c in q.shards.cores), q.core.workers()]
+        for q in queues:  # every shard's stats and controls, the workers (on shard 0)
+            cores = q.shards.cores
+            ops += [*(c.stats() for c in cores), q.core.workers(), *map(read_controls, cores)]
         replies = self.runner.run_many(ops)
         out, i = [], 0
         for q in queues:
             n = q.shards.n
-            out.append(QueueOverview(add_stats(replies[i : i + n]), replies[i + n]))
-            i += n + 1
+            stats, workers = add_stats(replies[i : i + n]), replies[i + n]
+            out.append(QueueOverview(stats, workers, merged(replies[i + n + 1 : i + 2 * n + 1])))
+            i += 2 * n + 1
         return out
 
     def overview(self, name: str) -> QueueOverview:

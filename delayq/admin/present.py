@@ -36,6 +36,18 @@ def human_seconds(s: float) -> str:
     return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
 
 
+def controls_text(paused: bool, limit: Any, backlog: float | None) -> str:
+    """A queue's admission controls on one line: 'paused', '100/s (burst 100), 9.0s behind'
+    (the time the rate limit needs for what is due now), or '-'."""
+    parts = ["paused"] if paused else []
+    if limit is not None:
+        text = f"{limit.rate} (burst {limit.burst})"
+        if backlog:
+            text += f", {human_seconds(backlog)} behind"
+        parts.append(text)
+    return "; ".join(parts) or "-"
+
+
 def relative(when: datetime | None, now: datetime) -> str:
     """'in 5m00s' / '3.0s ago' / '-'."""
     if when is None:

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from delayq.admin import operate
 from delayq.admin.inspect import Admin, QueueOverview
+from delayq.admin.present import controls_text
 from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     QUEUE_ENV,
@@ -213,6 +214,7 @@ def _queue_table(overviews: list[QueueOverview]) -> Table:
         "oldest overdue",
         "next due",
         "workers",
+        "controls",
     ):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for ov in overviews:
@@ -227,6 +229,10 @@ def _queue_table(overviews: list[QueueOverview]) -> Table:
             human_seconds(s.oldest_due_age) if s.due else "-",
             relative(s.next_due_at, s.now),
             f"{len(ov.live_workers)}" + (f" (+{dead_workers} gone)" if dead_workers else ""),
+            Text(
+                controls_text(ov.paused, ov.rate_limit, ov.throttle_backlog),
+                style="yellow" if ov.paused else "",
+            ),
         )
     return table
 
@@ -277,7 +283,8 @@ def _info_view(admin: Admin) -> Group | Text:
 def info(
     queues: tuple[str, ...], watch: bool, interval: str, url: str | None, as_json: bool
 ) -> None:
-    """Per queue: scheduled, due now, active, dead, oldest overdue, next due, live workers.
+    """Per queue: scheduled, due now, active, dead, oldest overdue, next due, live workers,
+    and its controls (paused; the rate limit and how long it needs for what is due now).
 
     With --watch --json, prints one JSON document per line, one line per refresh.
     """

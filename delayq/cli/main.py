@@ -15,6 +15,7 @@ import click
 
 from delayq.cli.admin import info, schedule, task
 from delayq.cli.common import QUEUE_ENV, duration
+from delayq.cli.controls import limit, pause, resume
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
 from delayq.connection import DEFAULT_URL, URL_ENV, redact
@@ -310,6 +311,9 @@ main.add_command(dashboard)
 main.add_command(reshard)
 main.add_command(cron)
 main.add_command(protocol)
+main.add_command(limit)
+main.add_command(pause)
+main.add_command(resume)
 
 if __name__ == "__main__":
     main()
