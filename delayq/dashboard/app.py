@@ -35,6 +35,7 @@ from delayq.admin import operate
 from delayq.admin.inspect import Admin, PageState
 from delayq.admin.metrics import QueueCollector
 from delayq.admin.present import (
+    controls_text,
     first_line,
     human_seconds,
     one_line,
@@ -70,6 +71,7 @@ class Dashboard:
             reason=first_line,
             ts=timestamp,
         )
+        self.env.globals.update(controls_text=controls_text)
         self.registry = CollectorRegistry()
         self.registry.register(QueueCollector(admin, self.names))
         self._names: tuple[float, list[str]] = (0.0, [])
@@ -141,6 +143,7 @@ class Dashboard:
                     "oldest": human_seconds(s.oldest_due_age) if s.due else "-",
                     "next": relative(s.next_due_at, s.now),
                     "workers": str(len(ov.live_workers)),
+                    "controls": controls_text(ov.paused, ov.rate_limit, ov.throttle_backlog),
                 }
             )
         return JSONResponse(out)
@@ -309,6 +312,12 @@ class Dashboard:
 
         return await self._act(request, work)
 
+    async def pause(self, request: Request) -> Response:
+        return await self._act(request, lambda q, _ids, _f: _paused(q, True))
+
+    async def resume(self, request: Request) -> Response:
+        return await self._act(request, lambda q, _ids, _f: _paused(q, False))
+
     async def cancel(self, request: Request) -> Response:
         return await self._act(
             request, lambda q, ids, _f: "; ".join(operate.cancel(q, i).message for i in ids)
@@ -318,6 +327,12 @@ class Dashboard:
         return await self._act(
             request, lambda q, ids, _f: "; ".join(operate.run_now(q, i).message for i in ids)
         )
+
+
+def _paused(q: Queue, pause: bool) -> str:
+    changed = q.pause() if pause else q.resume()
+    state = "paused" if pause else "resumed"
+    return f"queue {q.name} {state}" if changed else f"queue {q.name} was already {state}"
 
 
 def _back(target: Any, default: str, message: str) -> str:
@@ -369,6 +384,8 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
         Route("/queues/{name}/dead/purge", dash.purge, methods=["POST"]),
         Route("/queues/{name}/task/cancel", dash.cancel, methods=["POST"]),
         Route("/queues/{name}/task/run-now", dash.run_now, methods=["POST"]),
+        Route("/queues/{name}/pause", dash.pause, methods=["POST"]),
+        Route("/queues/{name}/resume", dash.resume, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("delayq.dashboard", "static")]), name="static"),
     ]
     app = Starlette(

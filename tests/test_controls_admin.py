@@ -1,18 +1,21 @@
 """``delayq limit``, ``pause``, ``resume`` and what ``info`` shows of the controls, through
-click's runner on a real server."""
+click's runner on a real server; the dashboard's pause and resume buttons over HTTP."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
 from delayq import Queue
 from delayq.embedded import EmbeddedServer
 
+from .support.dashboard_helpers import DashboardThread
 from .test_cli_admin import as_json
+from .test_dashboard import BEARER, csrf_of
 
 
 @pytest.fixture
@@ -70,3 +73,38 @@ def test_info_shows_the_controls_and_how_far_behind_the_limit_is(
     assert q["due"] == 50 and q["throttle_backlog_s"] == 5.0 and q["oldest_due_age"] > 29
     text = cli("info", "-q", queue.name).output
     assert "paused; 10/s (burst 10), 5.0s behind" in text
+
+
+def test_the_dashboard_pauses_and_resumes_with_the_token_and_csrf(
+    server: EmbeddedServer, queue: Queue
+) -> None:
+    queue.set_rate_limit("5/s")
+    page = f"/queues/{queue.name}"
+    with (
+        DashboardThread(server.url, [queue.name]) as base,
+        httpx.Client(base_url=base, timeout=10) as http,
+    ):
+        assert http.post(f"{page}/pause").status_code == 401  # no token
+        http.headers.update(BEARER)
+        html = http.get(page).text
+        assert "5/s (burst 5)" in html and f'action="{page}/pause"' in html
+        csrf = csrf_of(html)
+        assert http.post(f"{page}/pause").status_code == 403  # no CSRF token
+        evil = {"origin": "https://evil.example"}
+        assert http.post(f"{page}/pause", data={"csrf": csrf}, headers=evil).status_code == 403
+        assert not queue.paused()
+        done = http.post(f"{page}/pause", data={"csrf": csrf, "next": page})
+        assert done.status_code == 303 and "paused" in done.headers["location"]
+        assert queue.paused()
+        html = http.get(page).text
+        assert f'action="{page}/resume"' in html and "paused; 5/s" in html
+        assert "paused" in http.get("/api/queues").json()[0]["controls"]
+        assert http.post(f"{page}/resume", data={"csrf": csrf}).status_code == 303
+        assert not queue.paused()
+    with (
+        DashboardThread(server.url, [queue.name], read_only=True) as base,
+        httpx.Client(base_url=base, timeout=10, headers=BEARER) as http,
+    ):
+        assert f'action="{page}/pause"' not in http.get(page).text
+        assert http.post(f"{page}/pause", data={"csrf": csrf}).status_code == 403
+        assert not queue.paused()
