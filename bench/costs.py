@@ -113,7 +113,7 @@ def worker_side(rep: Report, n: int) -> None:
     mw_us = asyncio.run(_runs_path(n, middleware=True))
     core = Queue("costs", url="redis://127.0.0.1:1/0").core  # builders only: never connects
     op = leasing.claim(core, limit=1000, lease_ms=30_000)
-    reply = [1, -1, -1]
+    reply: list[object] = [1] + [-1] * (leasing.SCRIPTS["claim"].reply.head - 1)  # the head
     for i in range(1000):
         reply += [b"t%d" % i, b"noop", 1, 0, i, 1000, 0, b"", b"", b'{"i":1}']
     t0 = time.process_time()
