@@ -1,5 +1,6 @@
 """delayq: reliable delayed tasks on Redis and Valkey — on time, once, surviving crashes."""
 
+from delayq.controls import Controls, RateLimit
 from delayq.core import TaskSpec
 from delayq.errors import (
     ConfigurationError,
@@ -28,6 +29,7 @@ __all__ = [
     "AsyncQueue",
     "ConfigurationError",
     "ConnectionFailed",
+    "Controls",
     "DelayqError",
     "Discard",
     "DurabilityError",
@@ -39,6 +41,7 @@ __all__ = [
     "ProtocolVersionError",
     "Queue",
     "QueueStats",
+    "RateLimit",
     "Retry",
     "Scheduled",
     "ScriptError",
