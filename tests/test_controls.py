@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import redis
 from delayq import AsyncQueue, Queue, Task, TaskSpec, Worker
 from delayq.controls import RateLimit
 from delayq.errors import ConfigurationError
+from delayq.testing import VirtualClock, drain
 
 from .support.helpers import wait_for
 
@@ -305,3 +307,18 @@ def test_a_bad_kind_concurrency_is_refused(queue: Queue, concurrency: Any) -> No
     worker.handler("pdf", concurrency=16)(lambda task: None)
     with pytest.raises(ConfigurationError, match="worker's concurrency"):
         worker.configure(concurrency=8)  # below the kind's
+
+
+def test_drain_in_virtual_time_follows_the_rate_limit(server: Any, qname: str) -> None:
+    """drain() moves the virtual clock to the next token, not a millisecond at a time."""
+    clock = VirtualClock()
+    with Queue(qname, url=server.url, clock=clock) as queue:
+        queue.set_rate_limit("1/h")
+        worker = Worker(queue)
+        seen: list[datetime] = []
+        worker.handler("k")(lambda task: seen.append(clock.now()))
+        queue.schedule_many([TaskSpec("k", i) for i in range(3)])
+        start = clock.now()
+        assert len(drain(worker, until=start + timedelta(hours=2, minutes=1)).ran) == 3
+        assert [round((t - start).total_seconds()) for t in seen] == [0, 3600, 7200]
+        assert queue.pause() and drain(worker, until=start + timedelta(hours=9)).ran == []

@@ -214,8 +214,11 @@ class _Drain:
             for core in cores:
                 claim = leasing.claim(core, limit=BATCH, lease_ms=LEASE_MS)
                 result = await runner.run(claim)
-                if result.next_due_ms is not None:
-                    next_due = min(next_due or result.next_due_ms, result.next_due_ms)
+                due = result.next_due_ms
+                if result.next_token_ms is not None:  # a rate limit holds the rest till then
+                    due = max(due or 0, result.next_token_ms)
+                if due is not None:
+                    next_due = min(next_due or due, due)
                 ran_any = ran_any or bool(result.tasks)
                 if not await self._run_batch(core, runner, executor, result.tasks):
                     return
