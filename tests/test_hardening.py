@@ -187,6 +187,7 @@ def test_a_lease_is_not_extended_while_its_result_cannot_be_written(
             "workers_seen",
             "attempts",
             "shards",
+            "control",
             "wake",
         )
     ]

@@ -1241,6 +1241,18 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         expiring.delivered_op(core, "k"),
         *cron_builders_once(core),
         *reshard_builders_once(core),
+        *controls_builders_once(core),
+    ]
+
+
+def controls_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq import controls
+
+    return [
+        controls.set_limit(core, controls.rate_limit("10/s"), 1, now_ms=NOW),
+        controls.set_limit(core, None, 1, now_ms=NOW),
+        controls.read(core, now_ms=NOW),
+        controls.pause(core, True),
     ]
 
 
