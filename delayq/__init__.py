@@ -15,6 +15,7 @@ from delayq.errors import (
     ProtocolVersionError,
     Retry,
     ScriptError,
+    TaskAborted,
     WorkerFailed,
 )
 from delayq.expiring.facade import Expired
@@ -46,6 +47,7 @@ __all__ = [
     "Scheduled",
     "ScriptError",
     "Task",
+    "TaskAborted",
     "TaskEvent",
     "TaskInfo",
     "TaskSpec",

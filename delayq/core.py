@@ -32,7 +32,7 @@ from delayq.errors import InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
-from delayq.task import QueueStats, Scheduled, State, TaskInfo, WorkerInfo
+from delayq.task import STATES, QueueStats, Scheduled, State, TaskInfo, WorkerInfo
 from delayq.text import check as check_text
 from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds
 
@@ -49,7 +49,9 @@ REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 # pages and seek() take at most MAX_SEEK.
 MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
-SEEK_STATES = ("scheduled", "active", "done", "dead")
+SEEK_STATES = ("scheduled", "active", "done", "dead", "aborted")
+# Each abort forgets up to this many aborted records whose dedupe window has passed.
+ABORT_TRIM = 100
 
 
 # The replies of the scripts read here, as their headers declare them ("-- REPLY"), checked
@@ -69,6 +71,7 @@ _STATS.require_head(
     "head_due",
     "next_lease",
     "expiry_mode",
+    "aborted",
 )
 _STATS.require_row("name", "value")
 SCRIPTS["shards"].reply.require_head("count", "protocol")
@@ -372,6 +375,22 @@ class QueueCore:
     def cancel(self, task_id: str) -> Op[bool]:
         return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)
 
+    def abort(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
+        """End a waiting or running task for good (abort.lua); parses to True if it was
+        waiting or running."""
+        return self.op(
+            "abort",
+            {
+                "now": self.now_arg(now_ms),
+                "dedupe_ms": self.dedupe_ms,
+                "trim_limit": ABORT_TRIM,
+                "channel": self.keys.wake_channel,
+                "id": validate_task_id(task_id),
+            },
+            [],
+            lambda r: int(r) > 0,
+        )
+
     def reschedule(
         self,
         task_id: str,
@@ -431,7 +450,7 @@ class QueueCore:
                 last_error=last_error or str(e),
                 created_at=None,
                 lease_deadline=when if state == "active" else None,
-                finished_at=when if state in ("done", "dead") else None,
+                finished_at=when if state in ("done", "dead", "aborted") else None,
                 queue=self.name,
             )
         run = Attempt.parse(as_bytes(attempt) if attempt else None)
@@ -452,16 +471,25 @@ class QueueCore:
             last_error=last_error,
             created_at=ms_to_datetime(header.created_ms) if header.created_ms else None,
             lease_deadline=when if state == "active" else None,
-            finished_at=when if state in ("done", "dead") else None,
+            finished_at=when if state in ("done", "dead", "aborted") else None,
             queue=self.name,
             headers=header.headers,
         )
 
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
         def parse(r: Any) -> QueueStats:
-            now_ms, scheduled, due, active, dead, done, head_due, next_lease, expiry_mode = r[
-                : _STATS.head
-            ]
+            (
+                now_ms,
+                scheduled,
+                due,
+                active,
+                dead,
+                done,
+                head_due,
+                next_lease,
+                expiry_mode,
+                aborted,
+            ) = r[: _STATS.head]
             now, head = float(now_ms), float(head_due)
             counters = {as_str(name): int(value) for name, value in _STATS.rows(r)}
             counters.pop("claim_seq", None)
@@ -478,6 +506,7 @@ class QueueCore:
                 counters=counters,
                 now=ms_to_datetime(now),
                 expiry_mode=as_str(expiry_mode) or None,
+                aborted=int(aborted),
             )
 
         return self.op("stats", {"now": self.now_arg(now_ms)}, [], parse)
@@ -604,6 +633,6 @@ def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str)
 
 
 def _state(state: str) -> State:
-    if state not in ("scheduled", "active", "done", "dead"):
+    if state not in STATES:
         raise ValueError(f"unknown task state {state!r}")
-    return state  # type: ignore[return-value]
+    return state

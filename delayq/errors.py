@@ -103,6 +103,11 @@ class LeaseLost(DelayqError):
     """The worker no longer holds the task's lease: it expired or was taken over."""
 
 
+class TaskAborted(DelayqError):
+    """Raised by ``task.raise_if_aborted()`` in a handler whose task was aborted
+    (``queue.abort``): the attempt is over, and whatever the handler does next is discarded."""
+
+
 class WorkerFailed(DelayqError):
     """A background loop of the worker kept failing, and the worker stopped. The message
     names the loop and its last error; the log has every traceback."""

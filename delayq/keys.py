@@ -91,6 +91,10 @@ class QueueKeys:
     active = Key("ZSET task id -> lease deadline (ms).")
     dead = Key("ZSET task id -> time it died (ms).")
     done = Key("ZSET task id -> time it finished (ms); kept for the dedupe window.")
+    aborted = Key(
+        "ZSET task id -> time it was aborted (ms; queue.abort); kept for the dedupe window, "
+        "forgotten by later aborts. Absent until a task is aborted."
+    )
     tasks = Key("HASH task id -> record (JSON header, newline, encoded payload).")
     attempts = Key(
         "HASH task id -> '<token> <attempt> <due>' of its current or last claim; apart from the "

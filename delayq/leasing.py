@@ -69,13 +69,33 @@ def _opt(v: Any) -> int | None:
     return None if n < 0 else n
 
 
-# The other calls answer with the ids refused (or, for extend, lost): one id per row.
-for _name in ("ack", "retry", "bury", "release", "extend"):
+# The other calls answer with the ids refused: one id per row; extend with the ids lost.
+for _name in ("ack", "retry", "bury", "release"):
     SCRIPTS[_name].reply.require_row("id")
+_EXTEND = SCRIPTS["extend"].reply
+_EXTEND.require_row("id", "aborted")
 
 
 def _ids(reply: Any) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+
+
+class Lost(list[str]):
+    """extend's answer: the ids whose lease was lost (a list), and in ``aborted`` those of
+    them that were aborted (``queue.abort``), whose handlers stop as aborted."""
+
+    aborted: frozenset[str] = frozenset()
+
+
+def _lost(reply: Any) -> Lost:
+    lost, aborted = Lost(), []
+    for tid, was_aborted in _EXTEND.rows(reply):
+        lost.append(tid.decode() if isinstance(tid, bytes) else str(tid))
+        if int(was_aborted):
+            aborted.append(lost[-1])
+    if aborted:
+        lost.aborted = frozenset(aborted)
+    return lost
 
 
 def claim(
@@ -216,15 +236,16 @@ def extend(
     worker: str = "",
     worker_info: str = "",
     now_ms: int | None = None,
-) -> Op[list[str]]:
-    """Heartbeat: extend held leases (and refresh the worker's registration)."""
+) -> Op[Lost]:
+    """Heartbeat: extend held leases (and refresh the worker's registration); parses to the
+    ids lost (:class:`Lost`)."""
     args: dict[str, Arg] = {
         "now": core.now_arg(now_ms),
         "lease_ms": lease_ms,
         "worker": worker,
         "worker_info": worker_info,
     }
-    return core.op("extend", args, _flat(leases), _ids)
+    return core.op("extend", args, _flat(leases), _lost)
 
 
 def unregister(core: QueueCore, worker: str) -> Op[bool]:

@@ -528,6 +528,13 @@ class Queue(_Base[redis.Redis]):
         """Remove a waiting task; True if it was still waiting."""
         return self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
 
+    def abort(self, task_id: str) -> bool:
+        """End a task for good, waiting or running; True if it was either. A running
+        attempt is stopped: an async handler is cancelled, a sync one sees ``task.aborted``;
+        its result is discarded and it is not retried. The task shows as ``"aborted"`` for
+        the dedupe window. False for a task that is done, dead, aborted or unknown."""
+        return self.runner.drive(self.checked(self._of(task_id).abort(task_id)))
+
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
@@ -547,7 +554,8 @@ class Queue(_Base[redis.Redis]):
 
     def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
         """A page of the tasks in one state: ``"scheduled"`` (by due time), ``"active"`` (by
-        lease deadline), ``"done"`` (by finish time) or ``"dead"`` (most recent first). Pass
+        lease deadline), ``"done"`` (by finish time), ``"aborted"`` (by abort time) or
+        ``"dead"`` (most recent first). Pass
         the page's ``next`` as ``after`` for the following one: every page costs about the
         same however deep it is (on a sharded queue, at most ``limit`` from each shard),
         unlike ``dead(offset=...)``."""
@@ -684,6 +692,9 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def cancel(self, task_id: str) -> bool:
         return await self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
+
+    async def abort(self, task_id: str) -> bool:
+        return await self.runner.drive(self.checked(self._of(task_id).abort(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None

@@ -314,6 +314,7 @@ NAMES = (
     "extend",
     "reap",
     "cancel",
+    "abort",
     "reschedule",
     "replay",
     "purge",

@@ -132,6 +132,7 @@ def add_stats(parts: Sequence[QueueStats]) -> QueueStats:
         active=sum(p.active for p in parts),
         dead=sum(p.dead for p in parts),
         done=sum(p.done for p in parts),
+        aborted=sum(p.aborted for p in parts),
         oldest_due_age=max(p.oldest_due_age for p in parts),
         next_due_at=min(heads) if heads else None,
         next_lease_deadline=min(leases) if leases else None,

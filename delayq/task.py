@@ -8,16 +8,24 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from delayq.errors import TaskAborted
 from delayq.timing import ms_to_datetime
 
-State = Literal["scheduled", "active", "done", "dead"]
+State = Literal["scheduled", "active", "done", "dead", "aborted"]
+STATES: tuple[State, ...] = ("scheduled", "active", "done", "dead", "aborted")
 
 
 class Task:
     """Handed to a handler: one attempt at running a task.
 
-    ``lease_lost`` is set when the worker learns that its lease is gone (expired or taken
-    over): a long sync handler may check it to stop early, since its result will be refused.
+    ``lease_lost`` is set when the worker learns that its lease is gone (expired, taken
+    over or aborted): a long sync handler may check it to stop early, since its result will
+    be refused.
+
+    ``aborted`` becomes true when the task is aborted (``queue.abort``) while this attempt
+    runs: an async handler is cancelled (``asyncio.CancelledError``), a sync one, which runs
+    in a thread and cannot be stopped, sees ``aborted`` (and ``lease_lost``) set and may stop
+    with ``raise_if_aborted()``; whatever it returns or raises is discarded.
 
     ``headers`` is what the producer attached (``schedule(..., headers=...)`` or a
     ``before_schedule`` hook): a dict of str to str, ``{}`` for none, the task's own (the
@@ -25,6 +33,9 @@ class Task:
     """
 
     __match_args__ = ("id", "kind", "payload", "attempt", "max_attempts", "due_at", "queue")
+    # A class default: set on the instance only when the task is aborted (mark_aborted), so
+    # making a Task costs nothing more.
+    _aborted = False
 
     def __init__(
         self,
@@ -102,6 +113,17 @@ class Task:
             self._lease_lost = threading.Event()
         return self._lease_lost
 
+    @property
+    def aborted(self) -> bool:
+        """Whether the task was aborted (``queue.abort``) while this attempt ran."""
+        return self._aborted
+
+    def raise_if_aborted(self) -> None:
+        """Raise :class:`~delayq.TaskAborted` if the task was aborted: a sync handler calls
+        it between steps of a long job to stop as soon as it can."""
+        if self._aborted:
+            raise TaskAborted(f"task {self.id} was aborted")
+
     def _fields(self) -> tuple[Any, ...]:
         return (
             self.id,
@@ -124,6 +146,13 @@ class Task:
         names = ("id", "kind", "payload", "attempt", "max_attempts", "due_at", "queue")
         inner = ", ".join(f"{n}={v!r}" for n, v in zip(names, self._fields(), strict=True))
         return f"Task({inner})"
+
+
+def mark_aborted(task: Task) -> None:
+    """The worker's side of ``Task.aborted``: the task was aborted while this attempt ran.
+    ``aborted`` is set before ``lease_lost``, so a handler woken by the event sees it."""
+    task._aborted = True
+    task.lease_lost.set()
 
 
 ScheduleStatus = Literal["created", "replaced", "unchanged", "running"]
@@ -189,7 +218,10 @@ _BY_STATUS: dict[Any, type[Scheduled]] = {c.status: c for c in _BY_CODE.values()
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it."""
+    """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it.
+
+    ``finished_at`` is when a done task finished, a dead one died or an aborted one was
+    aborted."""
 
     id: str
     kind: str
@@ -234,6 +266,8 @@ class QueueStats:
     # How expiring keys are watched: "notifications" (timer, bell and scan) or "timer+scan"
     # (Redis refused CONFIG, so no bell); None when no worker watches expiring keys.
     expiry_mode: str | None = None
+    # Aborted tasks still remembered (queue.abort; kept for the dedupe window).
+    aborted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -251,6 +285,7 @@ class QueueStats:
             "counters": dict(self.counters),
             "now": self.now.isoformat(),
             "expiry_mode": self.expiry_mode,
+            "aborted": self.aborted,
         }
 
 

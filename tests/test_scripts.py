@@ -1221,6 +1221,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.reap(now_ms=NOW),
         core.shard_count(1),
         core.cancel("a"),
+        core.abort("a", now_ms=NOW),
         core.reschedule("a", delay=1, now_ms=NOW),
         core.replay(["a"], now_ms=NOW),
         core.purge_dead(before_ms=NOW),

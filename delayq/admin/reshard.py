@@ -5,8 +5,8 @@ keys' tasks excepted), running or dead, and no worker is alive: those belong to 
 their id hashes to under the old count. What the queue still remembers moves to where the
 new count looks for it:
 
-- finished tasks kept for the dedupe window (``done`` and their records) go to their new
-  shards, so an id finished before the change is still not run again after it;
+- finished tasks kept for the dedupe window (``done`` and ``aborted``, with their records) go
+  to their new shards, so an id finished before the change is still not run again after it;
 - when the home shard changes (an unsplit queue is split, or a split one joined back into
   one), its cron schedules, watched keys, the expiry watcher's mode, and the waiting cron
   occurrences and watched keys' tasks go to the new home shard.
@@ -41,7 +41,7 @@ class ReshardResult:
     message: str
     old: int = 0
     new: int = 0
-    done: int = 0  # finished tasks moved, with their records (the dedupe window)
+    done: int = 0  # finished (done or aborted) tasks moved, with their records
     waiting: int = 0  # waiting cron occurrences and watched keys' tasks moved
     fields: int = 0  # cron schedules, watched keys and expiry settings moved
 
@@ -158,7 +158,8 @@ def _carry(old: Shards, new: Shards, batch: int) -> Plan[tuple[int, int, int]]:
     home hash fields) moved."""
     done = waiting = fields = 0
     for src in old.cores:
-        done += yield from _move_tasks(src, new, "done", batch)
+        for ended in ("done", "aborted"):  # both remembered for the dedupe window
+            done += yield from _move_tasks(src, new, ended, batch)
     if old.home.keys.cron != new.home.keys.cron:  # the home shard moves
         for src in old.cores:
             waiting += yield from _move_tasks(src, new, "scheduled", batch)

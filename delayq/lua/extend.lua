@@ -4,13 +4,15 @@
 -- KEYS[3] workers
 -- KEYS[4] workers_seen
 -- KEYS[5] attempts
+-- KEYS[6] aborted
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] lease_ms   new lease length from now
 -- ARGV[3] worker     the worker's id ("" = do not register)
 -- ARGV[4] worker_info its registration (JSON)
 -- ARGV[5...] leases  pairs: id, lease token
--- REPLY per lost {id}
--- Returns: the ids whose lease was lost; their handlers must stop.
+-- REPLY per lost {id, aborted}
+-- Returns: per lease lost, its id and 1 if the task was aborted (queue.abort), else 0; their
+--          handlers must stop. (Only lost leases cost the aborted look-up.)
 --@include common
 --@include lease
 local now = dq_now(A.now)
@@ -28,4 +30,12 @@ for j, id in ipairs(ids) do
   end
 end
 if #scored > 0 then redis.call('ZADD', K.active, 'XX', unpack(scored)) end
-return lost
+local out = {}
+if #lost > 0 then
+  local aborted = redis.call('ZMSCORE', K.aborted, unpack(lost))
+  for j, id in ipairs(lost) do
+    out[2 * j - 1] = id
+    out[2 * j] = aborted[j] and 1 or 0
+  end
+end
+return out

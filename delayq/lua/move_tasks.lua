@@ -5,14 +5,15 @@
 -- KEYS[3] tasks
 -- KEYS[4] errors
 -- KEYS[5] attempts
+-- KEYS[6] aborted
 -- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
--- ARGV[2] state  "scheduled" or "done": the set they are in
+-- ARGV[2] state  "scheduled", "done" or "aborted": the set they are in
 -- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
 --@include common
-if A.state ~= 'scheduled' and A.state ~= 'done' then
+if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
 end
 local set = K[A.state]

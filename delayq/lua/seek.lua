@@ -1,6 +1,6 @@
 -- seek: a page of the tasks in one state after a cursor (keyset paging, read-only). The
--- waiting by due time, the running by lease deadline and the finished by finish time come
--- oldest first; the dead most recent first. The cursor is the (score, id) of the last task
+-- waiting by due time, the running by lease deadline, the finished by finish time and the
+-- aborted by abort time come oldest first; the dead most recent first. The cursor is the (score, id) of the last task
 -- of the previous page, so a page costs the same however deep it is: a sharded queue asks
 -- each shard for one page after the cursor and merges them (shards.merge_page).
 -- KEYS[1] scheduled
@@ -10,7 +10,8 @@
 -- KEYS[5] tasks
 -- KEYS[6] errors
 -- KEYS[7] attempts
--- ARGV[1] state   "scheduled", "active", "done" (ascending) or "dead" (descending)
+-- KEYS[8] aborted
+-- ARGV[1] state   "scheduled", "active", "done", "aborted" (ascending) or "dead" (descending)
 -- ARGV[2] score   the cursor's score as a reply gave it; "" for the first page
 -- ARGV[3] id      the cursor's id (members of one score are in byte order, as in the set)
 -- ARGV[4] limit   at most this many tasks
@@ -29,7 +30,8 @@ local function before(a, b)
   return #a < #b
 end
 
-if A.state ~= 'scheduled' and A.state ~= 'active' and A.state ~= 'done' and A.state ~= 'dead' then
+if A.state ~= 'scheduled' and A.state ~= 'active' and A.state ~= 'done' and A.state ~= 'dead'
+  and A.state ~= 'aborted' then
   return redis.error_reply('seek: unknown state ' .. tostring(A.state))
 end
 local set = K[A.state]

@@ -5,10 +5,11 @@
 -- KEYS[4] done
 -- KEYS[5] stats
 -- KEYS[6] expiry
+-- KEYS[7] aborted
 -- ARGV[1] now        ms, or "" for the server's TIME
--- REPLY {now, scheduled, due, active, dead, done, head_due, next_lease, expiry_mode} then per counter {name, value}
+-- REPLY {now, scheduled, due, active, dead, done, head_due, next_lease, expiry_mode, aborted} then per counter {name, value}
 -- Returns: {now, scheduled, due, active, dead, done, head_due (-1: none),
---           next_lease_deadline (-1: none), expiry watcher mode ("" if none),
+--           next_lease_deadline (-1: none), expiry watcher mode ("" if none), aborted,
 --           counter name, value, ...}
 --@include common
 local now = dq_now(A.now)
@@ -22,6 +23,7 @@ local out = {
   dq_head(K.scheduled) or -1,
   -1,
   redis.call('HGET', K.expiry, 'mode') or '',
+  redis.call('ZCARD', K.aborted),
 }
 local lease = redis.call('ZRANGE', K.active, 0, 0, 'WITHSCORES')
 if lease[2] then out[8] = tonumber(lease[2]) end
