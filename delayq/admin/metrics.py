@@ -104,6 +104,11 @@ class QueueCollector(Collector):
             "dead": GaugeMetricFamily(
                 "delayq_queue_dead", "Tasks in the dead set.", labels=["queue"]
             ),
+            "aborted": GaugeMetricFamily(
+                "delayq_queue_aborted",
+                "Aborted tasks still remembered for the dedupe window.",
+                labels=["queue"],
+            ),
             "done": GaugeMetricFamily(
                 "delayq_queue_done",
                 "Finished tasks still remembered for the dedupe window.",
@@ -127,7 +132,8 @@ class QueueCollector(Collector):
         events = CounterMetricFamily(
             "delayq_queue_events",
             "All-time transitions of the queue's tasks by any worker (succeeded, retried, "
-            "dead, discarded, released, cancelled, replayed ...), from the queue's counters.",
+            "dead, discarded, released, cancelled, aborted, replayed ...), from the queue's "
+            "counters.",
             labels=["queue", "event"],
         )
         for ov in overviews:
@@ -174,6 +180,10 @@ class WorkerMetrics:
         self.dead = counter("delayq_tasks_dead", "Tasks this worker sent to the dead set.")
         self.lease_lost = counter(
             "delayq_leases_lost", "Attempts during which this worker lost the task's lease."
+        )
+        self.aborted = counter(
+            "delayq_tasks_aborted",
+            "Attempts stopped because their task was aborted (queue.abort); not failures.",
         )
         self.lateness = Histogram(
             "delayq_task_lateness_seconds",
@@ -229,6 +239,8 @@ class WorkerMetrics:
                 self.consecutive.labels(*labels).inc()
         elif ev.event == "lease_lost":
             self.lease_lost.labels(*labels).inc()
+        elif ev.event == "aborted":
+            self.aborted.labels(*labels).inc()
 
 
 def queue_admin(queue: Queue | AsyncQueue) -> Admin:

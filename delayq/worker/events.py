@@ -21,6 +21,7 @@ EventName = Literal[
     "failed",  # the handler raised (besides Retry/Discard); also sent with retried or dead
     "dead",  # went to the dead set (Fail, attempts spent, no handler, undecodable)
     "lease_lost",  # the worker lost the lease while the handler ran
+    "aborted",  # the task was aborted (queue.abort) while the handler ran: not a failure
 ]
 
 

@@ -171,13 +171,18 @@ class Executor:
                 await self.invoke(handler, task)
         except asyncio.CancelledError as e:
             if _cancelled_by_us():
-                if task.lease_lost.is_set():
+                if task.aborted:
+                    self._emit("aborted", claimed, duration=time.perf_counter() - t0)
+                elif task.lease_lost.is_set():
                     self._emit("lease_lost", claimed, duration=time.perf_counter() - t0)
                 raise
             # The handler raised it itself (nobody cancelled the task it runs in): a failed
             # attempt like any other, or it would be handed back and run again forever.
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
+            if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
+                self._emit("aborted", claimed, duration=time.perf_counter() - t0)
+                raise asyncio.CancelledError(f"task {task.id} was aborted") from None
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         if self.events.listeners:
             self._emit("succeeded", claimed, duration=time.perf_counter() - t0)

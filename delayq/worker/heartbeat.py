@@ -34,12 +34,16 @@ class Heartbeat:
         self.on_lost = on_lost
         self.worker_id = worker_id
         self.registration = registration
+        # Told of each lease (id, token) lost to an abort (queue.abort) before on_lost hears
+        # of it, so the run stops as aborted even when the waker missed the message.
+        self.on_aborted: Callable[[str, int], object] | None = None
 
     async def tick(self) -> list[tuple[str, int]]:
         """Extend every held lease once; returns (and reports) the (id, token) found lost."""
         held = list(self.leases.items())
         sent = dict(held)
         lost: list[tuple[str, int]] = []
+        aborted: set[str] = set()
         groups = self.shards.group(held, lambda lease: lease[0])
         if self.shards.n > 1 and all(core is not self.shards.home for core, _ in groups):
             # The registration rides on the home shard: beat there even with no lease there,
@@ -57,13 +61,18 @@ class Heartbeat:
                         worker=self.worker_id if home else "",
                         worker_info=self.registration() if home else "",
                     )
-                    reply: list[str] = await self.runner.run(op)
+                    reply = await self.runner.run(op)
                     lost.extend((tid, sent[tid]) for tid in reply)
+                    aborted |= reply.aborted
             except DelayqError as e:
                 failed = e  # one shard unreachable: the others' leases are still extended
         # A lease written off meanwhile (its result just acked) is not lost, just gone; one
         # re-claimed meanwhile has a new token and is not this one.
         lost = [(tid, token) for tid, token in lost if self.leases.get(tid) == token]
+        if aborted and self.on_aborted is not None:
+            for tid, token in lost:
+                if tid in aborted:
+                    self.on_aborted(tid, token)
         if lost:
             self.on_lost(lost)
         if failed is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from delayq.leasing import Claimed
-from delayq.task import Task
+from delayq.task import Task, mark_aborted
 from delayq.worker.batches import Batches
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Finisher, Outcome
@@ -313,15 +313,33 @@ class Runs:
             if run is not None and run.claimed.token == token and not run.finishing:
                 self._lose(run)
 
-    def _lose(self, run: Run) -> None:
+    def abort(self, task_id: str, token: int | None = None) -> bool:
+        """The task was aborted (``queue.abort``: the waker heard it, or the heartbeat found
+        the lease gone to an abort): stop this worker's run of it, of the claim ``token``
+        only when given. Its handler is cancelled, or, in a thread, sees ``task.aborted``;
+        nothing is written for it (the abort took its lease). Returns whether a run here
+        was stopped."""
+        run = self.by_id.get(task_id)
+        if run is None or run.finishing or (token is not None and run.claimed.token != token):
+            return False  # not held here, or its result is already on its way (refused)
+        self._lose(run, aborted=True)
+        return True
+
+    def _lose(self, run: Run, aborted: bool = False) -> None:
         tid = run.claimed.id
-        log.warning("lease of task %s lost; stopping its handler", tid)
+        if aborted:
+            log.info("task %s was aborted; stopping its handler", tid)
+        else:
+            log.warning("lease of task %s lost; stopping its handler", tid)
         run.lost = True
         if self.by_id.get(tid) is run:
             del self.by_id[tid]
             self.leases.pop(tid, None)
         if run.task is not None:
-            run.task.lease_lost.set()
+            if aborted:
+                mark_aborted(run.task)  # (lease_lost is set too)
+            else:
+                run.task.lease_lost.set()
         if run.timer is not None:
             run.timer.cancel()
             run.timer = None

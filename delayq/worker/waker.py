@@ -19,6 +19,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("delayq.worker")
 
+# abort.lua's message on the wake channel: "abort <token> <id>". It starts with a word, so a
+# worker that does not know it reads no due time in it and ignores it.
+ABORT_PREFIX = b"abort "
+
 
 class Waker:
     def __init__(self, client: Any, channel: str, shard_channels: tuple[str, ...] = ()) -> None:
@@ -35,6 +39,8 @@ class Waker:
         self.event = asyncio.Event()
         self.poked = False  # look at the queue now: capacity freed, shutdown, reconnect
         self.hint_ms: int | None = None  # earliest due time announced since the last claim
+        # Told (task id, lease token) of each running task aborted (queue.abort).
+        self.on_abort: Callable[[str, int], object] | None = None
 
     def poke(self) -> None:
         self.poked = True
@@ -99,10 +105,26 @@ class Waker:
         try:
             due = int(float(data))
         except (TypeError, ValueError):
+            self._heard_abort(data)
             return
         if self.hint_ms is None or due < self.hint_ms:
             self.hint_ms = due
         self.event.set()
+
+    def _heard_abort(self, data: Any) -> None:
+        """An abort message (``abort <token> <id>``): the running attempt stops. Anything
+        else that is not a due time is ignored."""
+        if self.on_abort is None or not isinstance(data, bytes):
+            return
+        if not data.startswith(ABORT_PREFIX):
+            return
+        token, _, tid = data[len(ABORT_PREFIX) :].partition(b" ")
+        try:
+            task_id, lease = tid.decode(), int(token)
+        except (UnicodeDecodeError, ValueError):
+            log.warning("ignoring a malformed abort message %r", data[:300])
+            return
+        self.on_abort(task_id, lease)
 
     async def sleep_until(
         self,

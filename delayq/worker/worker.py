@@ -428,6 +428,9 @@ class Worker:
             self.id,
             self.registration,
         )
+        # A running task aborted (queue.abort): told on the wake channel, or found by the
+        # heartbeat when the message was missed.
+        self.waker.on_abort = self.heartbeat.on_aborted = self.runs.abort
         self._ctx = ctx
         if install_signals:
             self._install_signals(loop)
