@@ -1,6 +1,6 @@
-"""Operator actions shared by the CLI and the dashboard: run a task now, replay or purge dead
-tasks in bounded batches with progress, change a queue's shard count. Each batch is one script
-call of the queue API."""
+"""Operator actions shared by the CLI and the dashboard: run a task now, cancel or abort one,
+replay or purge dead tasks in bounded batches with progress, change a queue's shard count.
+Each batch is one script call of the queue API."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def cancel(queue: Queue, task_id: str) -> ActionResult:
         return ActionResult(False, f"no task {task_id!r} in queue {queue.name!r}")
     return ActionResult(
         False, f"task {task_id!r} is {info.state}: only a waiting task can be cancelled"
+    )
+
+
+def abort(queue: Queue, task_id: str) -> ActionResult:
+    """End a waiting or running task for good (``Queue.abort``)."""
+    before = queue.get(task_id)
+    if queue.abort(task_id):
+        if before is not None and before.state == "active":
+            return ActionResult(True, f"task {task_id!r} aborted; its running handler is stopped")
+        return ActionResult(True, f"task {task_id!r} aborted; it will not run")
+    info = queue.get(task_id)
+    if info is None:
+        return ActionResult(False, f"no task {task_id!r} in queue {queue.name!r}")
+    return ActionResult(
+        False, f"task {task_id!r} is {info.state}: only a waiting or running task can be aborted"
     )
 
 

@@ -1,4 +1,4 @@
-"""Operator commands: schedule, info, task show|cancel|run-now.
+"""Operator commands: schedule, info, task show|cancel|abort|run-now.
 
 ``delayq dead ...`` is in cli/dead.py, ``check`` and ``dashboard`` in cli/ops.py.
 Everything that prints data takes ``--json``.
@@ -340,7 +340,7 @@ def _show(info: TaskInfo, now: datetime) -> None:
             )
         )
     if info.finished_at:
-        label = "died" if info.state == "dead" else "finished"
+        label = {"dead": "died", "aborted": "aborted"}.get(info.state, "finished")
         rows.append((label, f"{info.finished_at.isoformat()} ({relative(info.finished_at, now)})"))
     for label, value in rows:
         click.echo(f"{label:>12}  {safe(value)}")
@@ -353,7 +353,7 @@ def _show(info: TaskInfo, now: datetime) -> None:
 
 @click.group()
 def task() -> None:
-    """Look at one task, cancel it or run it now."""
+    """Look at one task, cancel, abort or run it now."""
 
 
 @task.command("show", context_settings=IDS_MAY_START_WITH_DASH)
@@ -391,10 +391,9 @@ def task_show(task_id: str, queues: tuple[str, ...], url: str | None, as_json: b
 def _act(action: str, task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
     with connect(url) as admin:
         q = admin.queue(need_queue(admin, queue))
+        act = {"cancel": operate.cancel, "abort": operate.abort}.get(action, operate.run_now)
         try:
-            result = (
-                operate.cancel(q, task_id) if action == "cancel" else operate.run_now(q, task_id)
-            )
+            result = act(q, task_id)
         except InvalidTaskError as e:
             raise click.BadParameter(str(e), param_hint="ID") from None
     if as_json:
@@ -413,6 +412,17 @@ def _act(action: str, task_id: str, queue: str | None, url: str | None, as_json:
 def task_cancel(task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
     """Cancel a waiting task (exit 1 if it is not waiting)."""
     _act("cancel", task_id, queue, url, as_json)
+
+
+@task.command("abort", context_settings=IDS_MAY_START_WITH_DASH)
+@click.argument("task_id", metavar="ID")
+@queue_option
+@url_option
+@json_option
+def task_abort(task_id: str, queue: str | None, url: str | None, as_json: bool) -> None:
+    """Abort a waiting or running task: a running handler is stopped, and the task is not
+    retried; it shows as aborted (exit 1 if it was neither waiting nor running)."""
+    _act("abort", task_id, queue, url, as_json)
 
 
 @task.command("run-now", context_settings=IDS_MAY_START_WITH_DASH)

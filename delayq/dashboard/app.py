@@ -180,7 +180,7 @@ class Dashboard:
         ``after`` cursor; an old ``?offset=`` link still reads by offset."""
         offset = self._offset(request)
         after = request.query_params.get("after") or None
-        if offset and after is None:
+        if offset and after is None and state != "aborted":  # (no offset link ever had it)
             if state == "dead":
                 return self.admin.dead(name, offset, PAGE), offset, None, None
             running: PageState = "active" if state == "active" else "scheduled"
@@ -189,11 +189,12 @@ class Dashboard:
         return page.tasks, 0, after, page.next
 
     def tasks_page(self, request: Request) -> HTMLResponse:
+        """Waiting, running or aborted tasks (the last part of the path says which)."""
         q = self.queue(request.path_params["name"])
-        state: PageState = "active" if request.url.path.endswith("/active") else "scheduled"
+        state = request.url.path.rsplit("/", 1)[-1]
         ov = self.admin.overview(q.name)
         tasks, offset, after, next_after = self._page(request, q.name, state)
-        total = ov.stats.active if state == "active" else ov.stats.scheduled
+        total = getattr(ov.stats, state)
         return self.render(
             request,
             "tasks.html",
@@ -323,6 +324,11 @@ class Dashboard:
             request, lambda q, ids, _f: "; ".join(operate.cancel(q, i).message for i in ids)
         )
 
+    async def abort(self, request: Request) -> Response:
+        return await self._act(
+            request, lambda q, ids, _f: "; ".join(operate.abort(q, i).message for i in ids)
+        )
+
     async def run_now(self, request: Request) -> Response:
         return await self._act(
             request, lambda q, ids, _f: "; ".join(operate.run_now(q, i).message for i in ids)
@@ -378,6 +384,7 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
         Route("/queues/{name}", dash.queue_page),
         Route("/queues/{name}/scheduled", dash.tasks_page),
         Route("/queues/{name}/active", dash.tasks_page),
+        Route("/queues/{name}/aborted", dash.tasks_page),
         Route("/queues/{name}/dead", dash.dead_page),
         Route("/queues/{name}/cron", dash.cron_page),
         Route("/queues/{name}/dead/replay", dash.replay, methods=["POST"]),
@@ -386,6 +393,7 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
         Route("/queues/{name}/task/run-now", dash.run_now, methods=["POST"]),
         Route("/queues/{name}/pause", dash.pause, methods=["POST"]),
         Route("/queues/{name}/resume", dash.resume, methods=["POST"]),
+        Route("/queues/{name}/task/abort", dash.abort, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("delayq.dashboard", "static")]), name="static"),
     ]
     app = Starlette(
