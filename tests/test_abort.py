@@ -174,6 +174,7 @@ def test_a_lost_abort_message_still_stops_the_handler_at_the_next_heartbeat(
         core = queue.shards.of("quiet")
         op = core.abort("quiet")
         args = ["nobody-listens" if a == core.keys.wake_channel else a for a in op.args]
+        queue.client.script_load(op.script.source)
         t0 = time.monotonic()
         assert op.parse(queue.client.evalsha(op.script.sha, len(op.keys), *op.keys, *args))
         wait_for(lambda: "at" in stopped, timeout=10)
