@@ -278,6 +278,9 @@ def test_delayq_task_abort_on_the_command_line(
     assert missing.exit_code == 1 and "no task 'nope'" in missing.output
     info = cli.invoke(main, ["info", "-q", queue.name, "--json"])
     assert json.loads(info.stdout)[0]["aborted"] == 1
+    wide = CliRunner(env={"DELAYQ_REDIS_URL": server.url, "DELAYQ_QUEUE": "", "COLUMNS": "200"})
+    table = wide.invoke(main, ["info", "-q", queue.name]).output
+    assert "aborted" in table
 
 
 async def test_async_queue_abort(aqueue: AsyncQueue) -> None:

@@ -211,6 +211,7 @@ def _queue_table(overviews: list[QueueOverview]) -> Table:
         "due now",
         "active",
         "dead",
+        "aborted",
         "oldest overdue",
         "next due",
         "workers",
@@ -226,6 +227,7 @@ def _queue_table(overviews: list[QueueOverview]) -> Table:
             Text(str(s.due), style="yellow" if s.due else ""),
             str(s.active),
             Text(str(s.dead), style="red" if s.dead else ""),
+            str(s.aborted),
             human_seconds(s.oldest_due_age) if s.due else "-",
             relative(s.next_due_at, s.now),
             f"{len(ov.live_workers)}" + (f" (+{dead_workers} gone)" if dead_workers else ""),
@@ -283,8 +285,9 @@ def _info_view(admin: Admin) -> Group | Text:
 def info(
     queues: tuple[str, ...], watch: bool, interval: str, url: str | None, as_json: bool
 ) -> None:
-    """Per queue: scheduled, due now, active, dead, oldest overdue, next due, live workers,
-    and its controls (paused; the rate limit and how long it needs for what is due now).
+    """Per queue: scheduled, due now, active, dead, aborted, oldest overdue, next due, live
+    workers, and its controls (paused; the rate limit and how long it needs for what is due
+    now).
 
     With --watch --json, prints one JSON document per line, one line per refresh.
     """

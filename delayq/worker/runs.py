@@ -290,8 +290,8 @@ class Runs:
                 self.leases.pop(o.id, None)
             if o.id in refused:
                 log.warning(
-                    "result %r of task %s was refused: the lease was lost (expired or taken "
-                    "over), so the task runs again or already has",
+                    "result %r of task %s was refused: the lease was lost (expired, taken "
+                    "over or aborted), so the task runs again, already has, or was aborted",
                     o.action,
                     o.id,
                 )
