@@ -3,7 +3,7 @@
 Hypothesis drives random sequences of producer, worker and admin operations (ids from a
 small pool so they collide, tokens old and new, a clock that jumps past lease deadlines
 and the dedupe window) and, after every step, compares the whole Redis state with the
-model: the four state sets with their scores, every record header, the errors hash and
+model: the five state sets with their scores, every record header, the errors hash and
 the counters. Time is the model's clock, passed to every script as ``now_ms``.
 """
 
@@ -37,8 +37,9 @@ from delayq.runner import SyncRunner
 BASE = 1_700_000_000_000
 DEDUPE_MS = 5_000
 IDS = ("a", "b", "c", "d")
-STATES = ("scheduled", "active", "done", "dead")
+STATES = ("scheduled", "active", "done", "dead", "aborted")
 TRIM_LIMIT = 20  # ack's default
+ABORT_TRIM = 100  # core.ABORT_TRIM
 REAP_LIMIT = 100  # more than the id pool: claim always reaps every expired lease
 
 # Mostly short delays, so scheduled work falls due within a few clock steps.
@@ -77,8 +78,8 @@ def reaped(attempt: int) -> str:
 class Task:
     """What the model knows of one id: its state, score and record header."""
 
-    state: str  # scheduled | active | done | dead
-    score: int  # due time, lease deadline, or time it finished / died
+    state: str  # scheduled | active | done | dead | aborted
+    score: int  # due time, lease deadline, or time it finished / died / was aborted
     m: int
     payload: bytes
     a: int = 0
@@ -129,7 +130,7 @@ class Model:
             status = 2
         elif old.state == "active" and replace:
             return 3  # running: never replaced, and the caller is told
-        elif old.state == "done" and (replace or old.score < self.now - DEDUPE_MS):
+        elif old.state in ("done", "aborted") and (replace or old.score < self.now - DEDUPE_MS):
             status = 2 if replace else 1
         elif old.state == "dead" and replace:
             status = 2
@@ -172,6 +173,20 @@ class Model:
         old = [i for i in self.in_state("done") if self.tasks[i].score <= self.now - DEDUPE_MS]
         for i in old[:TRIM_LIMIT]:
             self.forget(i, "finished; dedupe window passed")
+
+    def abort(self, task_id: str) -> int:
+        """abort.lua: 1 waiting, 2 running (now aborted), else 0; then the aborted records
+        past the dedupe window are forgotten."""
+        t = self.tasks.get(task_id)
+        status = 0
+        if t is not None and t.state in ("scheduled", "active"):
+            status = 1 if t.state == "scheduled" else 2
+            t.state, t.score = "aborted", self.now
+            self.bump("aborted")
+        old = [i for i in self.in_state("aborted") if self.tasks[i].score <= self.now - DEDUPE_MS]
+        for i in old[:ABORT_TRIM]:
+            self.forget(i, "aborted; dedupe window passed")
+        return status
 
     def fence(self, leases: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
         """Split a call's leases into (accepted, refused) ids, handled in order as the
@@ -324,6 +339,7 @@ class QueueMachine(RuleBasedStateMachine):
         accepted, lost = m.fence([lease])
         got = self.run(leasing.extend(self.core, [lease], lease_ms=lease_ms, now_ms=m.now))
         assert got == lost
+        assert got.aborted == {i for i in lost if i in m.tasks and m.tasks[i].state == "aborted"}
         for i in accepted:
             m.tasks[i].score = m.now + lease_ms
 
@@ -361,6 +377,19 @@ class QueueMachine(RuleBasedStateMachine):
             m.bump("cancelled")
 
     @precondition(some_task_stored)
+    @rule(task_id=st.sampled_from(IDS))
+    def abort(self, task_id: str) -> None:
+        """Abort a task in any state: waiting and running ones end as aborted, the rest
+        are left alone; the running one's lease is gone (stale_tokens_are_refused)."""
+        m = self.model
+        t = m.tasks.get(task_id)
+        token = t.t if t is not None else 0
+        status = self.run(dataclasses.replace(self.core.abort(task_id, now_ms=m.now), parse=int))
+        assert status == m.abort(task_id)
+        if status == 2:  # its worker's next heartbeat: lost, to an abort
+            self.do_extend((task_id, token), 1_000)
+
+    @precondition(some_task_stored)
     @rule(task_id=st.sampled_from(IDS), delay=delays)
     def reschedule(self, task_id: str, delay: int) -> None:
         m = self.model
@@ -375,7 +404,7 @@ class QueueMachine(RuleBasedStateMachine):
     def producer_repeats_a_request(self, data: st.DataObject) -> None:
         """The same id again (a producer retrying its call), whatever state it is in now."""
         m = self.model
-        done = m.in_state("done")  # the dedupe window decides these
+        done = m.in_state("done") + m.in_state("aborted")  # the dedupe window decides these
         task_id = data.draw(
             st.sampled_from(done if done and data.draw(st.booleans()) else sorted(m.tasks))
         )
@@ -538,7 +567,8 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_silently_disappears(self) -> None:
         """Every id a schedule call accepted is in exactly one state set in Redis, or the
-        model knows why it left (cancelled, purged, or finished past the dedupe window)."""
+        model knows why it left (cancelled, purged, or finished or aborted past the dedupe
+        window)."""
         m = self.model
         zsets, _, _, _ = read_state(self.queue.client, self.core.keys)
         for task_id in m.ever:
