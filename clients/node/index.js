@@ -502,7 +502,7 @@ class Queue {
       lastError,
       createdAt: header && header.c ? msToDate(header.c) : null,
       leaseDeadline: state === 'active' ? msToDate(when) : null,
-      finishedAt: state === 'done' || state === 'dead' ? msToDate(when) : null,
+      finishedAt: state === 'done' || state === 'dead' || state === 'aborted' ? msToDate(when) : null,
       headers: header && header.h ? header.h : {},
     };
   }

@@ -1,4 +1,4 @@
-local K = {scheduled = KEYS[1], active = KEYS[2], dead = KEYS[3], done = KEYS[4], tasks = KEYS[5], errors = KEYS[6], stats = KEYS[7], attempts = KEYS[8]}
+local K = {scheduled = KEYS[1], active = KEYS[2], dead = KEYS[3], done = KEYS[4], tasks = KEYS[5], errors = KEYS[6], stats = KEYS[7], attempts = KEYS[8], aborted = KEYS[9]}
 local A = {now = ARGV[1], dedupe_ms = ARGV[2], replace = ARGV[3], channel = ARGV[4], durable = ARGV[5]}
 local REST = 6
 -- schedule: add tasks to the scheduled set; an id already known is left alone unless replaced.
@@ -10,17 +10,18 @@ local REST = 6
 -- KEYS[6] errors
 -- KEYS[7] stats
 -- KEYS[8] attempts
+-- KEYS[9] aborted
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
--- ARGV[3] replace    "1": move a waiting task (its attempts so far kept), re-create a done or
---                    dead one
+-- ARGV[3] replace    "1": move a waiting task (its attempts so far kept), re-create a done,
+--                    aborted or dead one
 -- ARGV[4] channel    wake-up channel
 -- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
 --                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
 -- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
 -- REPLY per task {status}
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
---          done within the dedupe window, or dead), 3 not replaced because it is running
+--          done or aborted within the dedupe window, or dead), 3 not replaced because it is running
 --          (only with replace "1": a running task is never replaced).
 -- Shared helpers, prepended to scripts that say "--@include common".
 
@@ -237,10 +238,16 @@ for i = REST, #ARGV, 3 do
       move(id, due, rec); status = 2
     end
   else
+    -- An aborted task counts as finished: remembered for the dedupe window.
+    local ended = K.done
     local finished = redis.call('ZSCORE', K.done, id)
+    if not finished then
+      ended = K.aborted
+      finished = redis.call('ZSCORE', K.aborted, id)
+    end
     local dead = redis.call('ZSCORE', K.dead, id)
     if finished and (replace or tonumber(finished) < now - dedupe) then
-      redis.call('ZREM', K.done, id)
+      redis.call('ZREM', ended, id)
       redis.call('HDEL', K.errors, id)
       put(id, due, rec); status = replace and 2 or 1
     elseif dead and replace then
