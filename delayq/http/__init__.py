@@ -1,0 +1,60 @@
+"""The HTTP API: ``delayq api``, or :func:`create_app` to mount it in your own app.
+
+Any service can schedule tasks, look them up, cancel and reschedule them, and set watched
+keys over HTTP, with a bearer token. It needs the ``http`` extra (``pip install
+'delayq[http]'``: Starlette and uvicorn); importing it without that raises
+:class:`~delayq.errors.MissingExtra`, which says so in one line.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from delayq.extras import require
+
+require("http", "the HTTP API")
+
+from delayq.http.app import Api, create_app  # noqa: E402
+from delayq.http.openapi import document  # noqa: E402
+
+__all__ = ["Api", "base_url", "bind", "create_app", "document", "serve"]
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free one), so the URL can be printed before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(
+    url: str | None,
+    *,
+    token: str,
+    sock: socket.socket,
+    log_level: str = "warning",
+    access_log: bool = False,
+) -> None:
+    """Serve the API with uvicorn on ``sock`` (see :func:`bind`) until SIGINT/SIGTERM."""
+    import uvicorn
+
+    app = create_app(url, token=token)
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=access_log, lifespan="on", ws="none"
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,626 @@
+"""The HTTP API as an ASGI app: routing, the token, bodies read with a cap, replies.
+
+Requests are routed on the raw path, each segment percent-decoded, so a task id or a
+watched key may hold a ``/`` (sent as ``%2F``). Every handler uses the public Python API
+(one :class:`~delayq.queue.AsyncQueue` per queue name, see ``queues.py``); whatever it
+refuses comes back as a problem (``problems.py``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import redis.asyncio as aredis
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.types import Receive, Scope, Send
+
+from delayq.admin.inspect import QueueOverview
+from delayq.admin.present import task_dict
+from delayq.connection import RETRIES, async_client, resolve_url
+from delayq.core import new_task_ids, validate_task_id
+from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
+from delayq.expiring.ops import validate_key
+from delayq.http import schemas
+from delayq.http.openapi import document
+from delayq.http.problems import MEDIA_TYPE, Problem, field_error, from_error, invalid
+from delayq.http.queues import Queues, protocol_version
+from delayq.keys import DEFAULT_PREFIX
+from delayq.queue import AsyncQueue
+from delayq.task import Scheduled, TaskInfo
+
+log = logging.getLogger("delayq.http")
+
+MIN_TOKEN = 16
+MAX_BODY = 1024 * 1024  # bytes of a request body (a batch: MAX_BATCH_BODY)
+MAX_BATCH_BODY = 16 * 1024 * 1024
+DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
+_JSON = b"application/json"
+_PROBLEM_JSON = MEDIA_TYPE.encode()
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+class Request:
+    """What a handler is given: the route's parameters, the query, and the body."""
+
+    __slots__ = ("body", "params", "query", "scope")
+
+    def __init__(self, scope: Scope, params: dict[str, str], body: bytes) -> None:
+        self.scope = scope
+        self.params = params
+        self.body = body
+
+    def json(self) -> Any:
+        return schemas.parse_json(self.body)
+
+    def query_param(self, name: str) -> str | None:
+        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get(name)
+        return values[-1] if values else None
+
+
+class Reply:
+    __slots__ = ("body", "headers", "media", "status")
+
+    def __init__(self, status: int, data: Any = None, headers: dict[str, str] | None = None):
+        self.status = status
+        self.body = b"" if data is None else _ENCODER.encode(data).encode()
+        self.headers = headers
+        self.media = _JSON
+
+
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
+
+
+def _split(scope: Scope) -> list[str]:
+    """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
+    in an id stays inside its segment)."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        path: str = scope["path"]
+        return path.split("/")[1:]
+    segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
+    root = scope.get("root_path", "").rstrip("/")
+    if root:
+        head = root.split("/")[1:]
+        if segments[: len(head)] == head:
+            segments = segments[len(head) :]
+    return segments
+
+
+class Api:
+    """The routes and their handlers (see :func:`create_app`)."""
+
+    def __init__(
+        self,
+        queues: Queues,
+        token: str,
+        *,
+        max_body: int = MAX_BODY,
+        max_batch_body: int = MAX_BATCH_BODY,
+    ) -> None:
+        self.queues = queues
+        self._token = token.encode()
+        self.max_body = max_body
+        self.max_batch_body = max_batch_body
+        self._openapi = _ENCODER.encode(document()).encode()
+        # (segments with {params}, method -> handler, needs the token, body limit)
+        q = "{queue}"
+        self.routes: list[tuple[tuple[str, ...], dict[str, Handler], bool, int]] = [
+            (("healthz",), {"GET": self.healthz}, False, 0),
+            (("openapi.json",), {"GET": self.openapi}, False, 0),
+            (("readyz",), {"GET": self.readyz}, True, 0),
+            (("v1", "queues", q), {"GET": self.stats}, True, 0),
+            (("v1", "queues", q, "tasks"), {"POST": self.schedule}, True, max_body),
+            (
+                ("v1", "queues", q, "tasks", "batch"),
+                {"POST": self.schedule_batch},
+                True,
+                max_batch_body,
+            ),
+            (
+                ("v1", "queues", q, "tasks", "{id}"),
+                {"GET": self.get, "DELETE": self.cancel, "PATCH": self.reschedule},
+                True,
+                max_body,
+            ),
+            (
+                ("v1", "queues", q, "expiring", "{key}"),
+                {"PUT": self.set_key, "DELETE": self.delete_key},
+                True,
+                max_body,
+            ),
+            (
+                ("v1", "queues", q, "expiring", "{key}", "touch"),
+                {"POST": self.touch_key},
+                True,
+                max_body,
+            ),
+        ]
+
+    # -- the ASGI side --------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # (lifespan is the Starlette app's; no websockets here)
+        try:
+            reply = await self.dispatch(scope, receive)
+        except Problem as p:
+            reply = self.problem(p)
+        except DelayqError as e:
+            reply = self.problem(self.translate(e))
+        except Exception:
+            log.exception("the HTTP API failed on %s %s", scope["method"], scope["path"])
+            reply = self.problem(
+                Problem(
+                    "internal",
+                    "the API failed on this request; its log has the traceback. Report it "
+                    "with the request that caused it",
+                )
+            )
+        headers = [(b"content-length", str(len(reply.body)).encode())]
+        if reply.body:
+            headers.append((b"content-type", reply.media))
+        if reply.headers:
+            headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body})
+
+    def translate(self, e: DelayqError) -> Problem:
+        return from_error(e)
+
+    @staticmethod
+    def problem(p: Problem) -> Reply:
+        reply = Reply(p.status)
+        reply.body = p.encode()
+        reply.media = _PROBLEM_JSON
+        reply.headers = p.headers
+        return reply
+
+    async def dispatch(self, scope: Scope, receive: Receive) -> Reply:
+        segments = _split(scope)
+        under_v1 = bool(segments) and segments[0] == "v1"
+        if under_v1:
+            self.authorize(scope)
+        for pattern, methods, private, limit in self.routes:
+            params = _match(pattern, segments)
+            if params is None:
+                continue
+            handler = methods.get(scope["method"])
+            if handler is None:
+                allowed = ", ".join(methods)
+                raise Problem(
+                    "method-not-allowed",
+                    f"{scope['method']} is not allowed on {scope['path']}: use {allowed}",
+                    headers={"allow": allowed},
+                )
+            if private and not under_v1:
+                self.authorize(scope)
+            body = await _read_body(scope, receive, limit) if limit else b""
+            return await handler(Request(scope, params, body))
+        raise Problem(
+            "not-found",
+            f"no route {scope['path']}: the API serves /v1/queues/{{queue}}/..., /healthz, "
+            "/readyz and /openapi.json",
+        )
+
+    def authorize(self, scope: Scope) -> None:
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        if given is None:
+            raise Problem(
+                "unauthorized",
+                "no token: send the header 'Authorization: Bearer TOKEN' with the token the "
+                "API was started with (delayq api --token or --token-file)",
+                headers={"www-authenticate": 'Bearer realm="delayq"'},
+            )
+        scheme, _, credentials = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self._token):
+            raise Problem(
+                "unauthorized",
+                "wrong token: send 'Authorization: Bearer TOKEN' with the token the API was "
+                "started with (delayq api --token or --token-file)",
+                headers={"www-authenticate": 'Bearer realm="delayq", error="invalid_token"'},
+            )
+
+    async def queue(self, request: Request) -> AsyncQueue:
+        name = request.params["queue"]
+        if not self.queues.valid(name):
+            if self.queues.allowed is not None:
+                raise Problem("not-found", f"queue {name!r} is not served by this API")
+            raise invalid(
+                [
+                    field_error(
+                        "",
+                        f"invalid queue name {name!r}: use 1-100 characters from letters, "
+                        "digits and '_.:-'",
+                    )
+                ]
+            )
+        try:
+            return await self.queues.get(name)
+        except ConfigurationError as e:
+            raise from_error(e) from None
+
+    async def run(self, request: Request, work: Callable[[AsyncQueue], Awaitable[Reply]]) -> Reply:
+        """``work`` on the request's queue; a refusal of the queue's shard count (it was
+        resharded since it was opened) makes the next request read it again."""
+        q = await self.queue(request)
+        try:
+            return await work(q)
+        except ConfigurationError as e:
+            self.queues.forget(q.name)
+            raise from_error(e) from None
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Reply:
+        return Reply(200, {"status": "ok"})
+
+    async def openapi(self, request: Request) -> Reply:
+        reply = Reply(200)
+        reply.body = self._openapi
+        return reply
+
+    async def readyz(self, request: Request) -> Reply:
+        await self.queues.ping()
+        out: dict[str, Any] = {"status": "ready"}
+        name = request.query_param("queue")
+        if name is not None:
+            request.params["queue"] = name
+            q = await self.queue(request)
+            out["queue"] = q.name
+            version = await protocol_version(q)
+            if version is not None:
+                out["protocol_version"] = version
+        return Reply(200, out)
+
+    async def stats(self, request: Request) -> Reply:
+        async def work(q: AsyncQueue) -> Reply:
+            stats = await q.stats()
+            return Reply(200, QueueOverview(stats, await q.workers()).as_dict())
+
+        return await self.run(request, work)
+
+    async def schedule(self, request: Request) -> Reply:
+        f = schemas.check_fields(request.json(), schemas.TASK_FIELDS)
+        tid = f.get("id") or new_task_ids(1)[0]
+
+        async def work(q: AsyncQueue) -> Reply:
+            try:
+                s = await q.schedule(
+                    f["kind"],
+                    f.get("payload"),
+                    delay=f.get("delay"),
+                    at=f.get("at"),
+                    task_id=tid,
+                    max_attempts=f.get("max_attempts", 0),
+                    replace=f.get("replace", False),
+                    durable=f.get("durable", False),
+                    headers=f.get("headers"),
+                )
+            except (InvalidTaskError, ConnectionFailed) as e:
+                raise from_error(e, "/payload", id=tid) from None
+            (result,) = await _results(q, [s], [f])
+            return Reply(201 if s.status == "created" else 200, result)
+
+        return await self.run(request, work)
+
+    async def schedule_batch(self, request: Request) -> Reply:
+        tasks, replace, durable = schemas.check_batch(request.json())
+        fresh = iter(new_task_ids(sum(1 for t in tasks if "id" not in t)))
+        ids = [t["id"] if "id" in t else next(fresh) for t in tasks]
+        specs = [schemas.spec_of(t, i) for t, i in zip(tasks, ids, strict=True)]
+
+        async def work(q: AsyncQueue) -> Reply:
+            try:
+                done = await q.schedule_many(specs, replace=replace, durable=durable)
+            except InvalidTaskError as e:  # a payload: find every one refused, by index
+                errors = []
+                for i, spec in enumerate(specs):
+                    try:
+                        q.core.encode_tasks([spec])
+                    except InvalidTaskError as bad:
+                        errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
+                raise invalid(errors or [field_error("/tasks", str(e))]) from None
+            except ConnectionFailed as e:
+                where = {tid: i for i, tid in enumerate(ids)}
+                raise from_error(
+                    e,
+                    scheduled=[{"index": where[t], "id": str(t)} for t in e.scheduled],
+                    unconfirmed=[{"index": where[t], "id": str(t)} for t in e.unconfirmed],
+                ) from None
+            results = await _results(q, done, tasks)
+            return Reply(200, {"tasks": results})
+
+        return await self.run(request, work)
+
+    async def get(self, request: Request) -> Reply:
+        tid = _task_id(request)
+
+        async def work(q: AsyncQueue) -> Reply:
+            info = await q.get(tid)
+            if info is None:
+                raise _no_task(tid, q)
+            return Reply(200, task_dict(info))
+
+        return await self.run(request, work)
+
+    async def cancel(self, request: Request) -> Reply:
+        tid = _task_id(request)
+
+        async def work(q: AsyncQueue) -> Reply:
+            if await q.cancel(tid):
+                return Reply(204)
+            raise await _why_not(q, tid, "cancelled")
+
+        return await self.run(request, work)
+
+    async def reschedule(self, request: Request) -> Reply:
+        tid = _task_id(request)
+        f = schemas.check_fields(request.json(), schemas.RESCHEDULE_FIELDS)
+        if "delay" not in f and "at" not in f:
+            raise invalid([field_error("", "send delay (seconds) or at (an RFC 3339 time)")])
+
+        async def work(q: AsyncQueue) -> Reply:
+            if await q.reschedule(tid, delay=f.get("delay"), at=f.get("at")):
+                return Reply(200, {"id": tid, "due_at": _iso(_due(f))})
+            raise await _why_not(q, tid, "rescheduled")
+
+        return await self.run(request, work)
+
+    async def set_key(self, request: Request) -> Reply:
+        key = _key(request)
+        f = schemas.check_fields(request.json(), schemas.SET_FIELDS)
+
+        async def work(q: AsyncQueue) -> Reply:
+            try:
+                deadline = await q.expiring.set(key, f.get("value"), f["ttl"])
+            except InvalidTaskError as e:
+                raise from_error(e, "/value") from None
+            return Reply(200, {"key": key, "deadline": _iso(deadline)})
+
+        return await self.run(request, work)
+
+    async def touch_key(self, request: Request) -> Reply:
+        key = _key(request)
+        f = schemas.check_fields(request.json(), schemas.TOUCH_FIELDS)
+
+        async def work(q: AsyncQueue) -> Reply:
+            try:
+                touched = await q.expiring.touch(key, f["ttl"])
+            except InvalidTaskError as e:
+                raise from_error(e, "/ttl") from None
+            if not touched:
+                raise _no_key(key, q)
+            return Reply(200, {"key": key, "touched": True})
+
+        return await self.run(request, work)
+
+    async def delete_key(self, request: Request) -> Reply:
+        key = _key(request)
+
+        async def work(q: AsyncQueue) -> Reply:
+            if await q.expiring.delete(key):
+                return Reply(204)
+            raise _no_key(key, q)
+
+        return await self.run(request, work)
+
+    async def aclose(self) -> None:
+        """Close the API's Redis connections (when it made its own client)."""
+        await self.queues.client.aclose()
+
+
+def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
+    if len(pattern) != len(segments):
+        return None
+    params = {}
+    for want, got in zip(pattern, segments, strict=True):
+        if want[0] == "{":
+            params[want[1:-1]] = got
+        elif want != got:
+            return None
+    return params
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to be over ``limit``: by its
+    Content-Length before keeping any of it, else once the bytes read pass it. What is left
+    of a refused body is read and dropped (up to DRAIN bytes more), so the client sees the
+    413 rather than a reset connection; a body longer still is refused and the connection
+    closed."""
+    declared = -1
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            declared = int(value) if value.isdigit() else -1
+        elif name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media != _JSON and not media.endswith(b"+json"):
+                raise Problem(
+                    "unsupported-media-type",
+                    f"the body is {media.decode('latin-1')!r}: send JSON with "
+                    "'Content-Type: application/json'",
+                )
+    if declared > limit:
+        drained = declared - limit <= DRAIN and await _drain(receive, declared)
+        raise _too_large(limit, close=not drained)
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Problem("invalid", "the client went away before the body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        more = message.get("more_body", False)
+        if size > limit:
+            drained = not more or await _drain(receive, DRAIN)
+            raise _too_large(limit, close=not drained)
+        chunks.append(chunk)
+        if not more:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _drain(receive: Receive, budget: int) -> bool:
+    """Read and drop the rest of a body, at most ``budget`` bytes; True if it all came."""
+    while budget >= 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return budget >= 0
+    return False
+
+
+def _too_large(limit: int, *, close: bool) -> Problem:
+    return Problem(
+        "too-large",
+        f"the body is over the limit of {limit:,} bytes: send smaller payloads (store large "
+        "data elsewhere and pass a reference), or split a batch",
+        headers={"connection": "close"} if close else None,
+    )
+
+
+def _due(f: dict[str, Any]) -> datetime:
+    """When a task sent with these fields is due: ``at``, else now plus ``delay`` on this
+    process's clock (the server adds the delay to its own clock; they agree to within the
+    machines' clock skew)."""
+    at = f.get("at")
+    if at is not None:
+        return at  # type: ignore[no-any-return]
+    return datetime.now(UTC) + timedelta(seconds=f.get("delay") or 0)
+
+
+async def _results(
+    q: AsyncQueue, done: list[Scheduled], fields: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What each schedule did: a task created or moved is due as asked; for one left as it
+    was (its id exists), its own due time is read back, all in one round trip."""
+    kept = [i for i, s in enumerate(done) if s.status in ("unchanged", "running")]
+    infos: dict[int, TaskInfo | None] = {}
+    if kept:
+        ops = [q.shards.of(done[i]).get(done[i]) for i in kept]
+        infos = dict(zip(kept, await q.runner.run_many(ops), strict=True))
+    out = []
+    for i, (s, f) in enumerate(zip(done, fields, strict=True)):
+        if i in infos:
+            info = infos[i]
+            due = _iso(info.due_at) if info is not None else None
+        else:
+            due = _iso(_due(f))
+        created = s.status == "created"
+        out.append({"id": str(s), "due_at": due, "created": created, "status": s.status})
+    return out
+
+
+def _task_id(request: Request) -> str:
+    try:
+        return validate_task_id(request.params["id"])
+    except InvalidTaskError as e:
+        raise invalid([field_error("", str(e))]) from None
+
+
+def _key(request: Request) -> str:
+    try:
+        return validate_key(request.params["key"])
+    except InvalidTaskError as e:
+        raise invalid([field_error("", str(e))]) from None
+
+
+def _no_task(tid: str, q: AsyncQueue) -> Problem:
+    return Problem(
+        "not-found",
+        f"no task {tid!r} in queue {q.name!r}: check the id and the queue (a finished task "
+        "is kept only for the queue's dedupe window)",
+    )
+
+
+def _no_key(key: str, q: AsyncQueue) -> Problem:
+    return Problem(
+        "not-found",
+        f"key {key!r} is not watched in queue {q.name!r}: it was never set through delayq, "
+        "or it expired (its callback runs) or was deleted; set it again with PUT",
+    )
+
+
+async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
+    """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting."""
+    info = await q.get(tid)
+    if info is None:
+        return _no_task(tid, q)
+    return Problem(
+        "conflict",
+        f"task {tid!r} is {info.state}: only a waiting task can be {what}"
+        + ("; schedule it again with replace=true" if info.state in ("done", "dead") else ""),
+        state=info.state,
+    )
+
+
+def create_app(
+    url: str | None = None,
+    *,
+    token: str,
+    client: aredis.Redis | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    queues: list[str] | None = None,
+    max_body: int = MAX_BODY,
+    max_batch_body: int = MAX_BATCH_BODY,
+) -> Starlette:
+    """The HTTP API as a Starlette app, to serve (``delayq api``) or mount in your own
+    Starlette or FastAPI app (``app.mount("/delayq", create_app(token=...))``).
+
+    Args:
+        url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
+        token: the bearer token every request under /v1 and /readyz must carry (at least
+            16 characters).
+        client: a ``redis.asyncio`` client (``decode_responses=False``) instead of ``url``;
+            the app does not close it.
+        prefix: the key prefix of the queues.
+        queues: serve only these queues (default: any).
+        max_body, max_batch_body: the largest request bodies read, in bytes.
+
+    The app's ``state.api`` is the :class:`Api`; ``await app.state.api.aclose()`` closes
+    the connections it opened (its lifespan does so when it is served on its own).
+    """
+    if not isinstance(token, str) or len(token) < MIN_TOKEN:
+        raise ConfigurationError(
+            f"the API token must be a string of at least {MIN_TOKEN} characters; make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if client is None:
+        client = async_client(resolve_url(url), retries=RETRIES)
+        owned = True
+    else:
+        owned = False
+    allowed = frozenset(queues) if queues else None
+    api = Api(
+        Queues(client, prefix=prefix, allowed=allowed),
+        token,
+        max_body=max_body,
+        max_batch_body=max_batch_body,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        if owned:
+            await api.aclose()
+
+    app = Starlette(routes=[Mount("", app=api)], lifespan=lifespan)
+    app.state.api = api
+    return app

@@ -1,0 +1,470 @@
+"""The OpenAPI 3.1 description of the HTTP API, written as data.
+
+The request schemas are built from the field tables the API validates with
+(``schemas.py``); the problem types from ``problems.TYPES``. ``GET /openapi.json`` serves
+this document without a token: it describes the product's API, not any data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from delayq.http import schemas
+from delayq.http.problems import MEDIA_TYPE, TYPE_BASE, TYPES
+
+VERSION = "1.0.0"
+
+_ISO = {"type": "string", "format": "date-time"}
+_NULLABLE_ISO = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _body(fields: tuple[schemas.Field, ...], **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {f.name: dict(f.schema) for f in fields},
+        "required": [f.name for f in fields if f.required],
+        **extra,
+    }
+
+
+_NOT_BOTH = {"not": {"required": ["delay", "at"]}}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _problem(name: str, description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {MEDIA_TYPE: {"schema": _ref("Problem")}},
+    }
+
+
+# The errors every route under /v1 can answer.
+_COMMON = {
+    "401": _problem("unauthorized", "No token, or a wrong one."),
+    "422": _problem("invalid", "Invalid input: the errors list says where and how to fix it."),
+    "500": _problem("internal", "The API failed (its log has the traceback)."),
+    "503": _problem("unavailable", "Redis is unreachable; nothing was written."),
+}
+_BODY_ERRORS = {
+    "413": _problem("too-large", "The body, a payload or the batch is over its limit."),
+    "415": _problem("unsupported-media-type", "The body is not JSON."),
+}
+_NOT_FOUND = {"404": _problem("not-found", "No such task (or watched key).")}
+_CONFLICT = {"409": _problem("conflict", "The task is running or finished.")}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _request(name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _op(
+    op_id: str,
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    body: str | None = None,
+    secured: bool = True,
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = _request(body)
+    if params:
+        op["parameters"] = params
+    op["security"] = [{"bearer": []}] if secured else []
+    return op
+
+
+def _path_param(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": schema,
+        "description": description,
+    }
+
+
+_QUEUE = _path_param(
+    "queue",
+    {"type": "string", "pattern": schemas.QUEUE_PATTERN},
+    "The queue's name (1-100 of letters, digits and `_.:-`).",
+)
+_ID = _path_param(
+    "id",
+    dict(schemas.ID.schema, description=None) | {"description": "The task's id."},
+    "The task's id (percent-encode `/` as `%2F`).",
+)
+_KEY = _path_param(
+    "key",
+    {"type": "string", "minLength": 1, "maxLength": schemas.KEY_MAX, "pattern": schemas.NO_CONTROL},
+    "The watched key (percent-encode `/` as `%2F`).",
+)
+
+_SCHEDULED = {
+    "type": "object",
+    "required": ["id", "due_at", "created", "status"],
+    "properties": {
+        "id": {"type": "string"},
+        "due_at": dict(
+            _NULLABLE_ISO,
+            description="When the task is due (for a task left as it was, its own due time).",
+        ),
+        "created": {"type": "boolean", "description": "False when the id existed already."},
+        "status": {"type": "string", "enum": ["created", "replaced", "unchanged", "running"]},
+    },
+}
+
+_TASK = {
+    "type": "object",
+    "required": [
+        "id",
+        "queue",
+        "state",
+        "kind",
+        "payload",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "due_at",
+        "created_at",
+        "lease_deadline",
+        "finished_at",
+        "last_error",
+    ],
+    "properties": {
+        "id": {"type": "string"},
+        "queue": {"type": "string"},
+        "state": {"type": "string", "enum": ["scheduled", "active", "done", "dead"]},
+        "kind": {"type": "string"},
+        "payload": {},
+        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        "attempts": {"type": "integer"},
+        "max_attempts": {"type": "integer"},
+        "due_at": _NULLABLE_ISO,
+        "created_at": _NULLABLE_ISO,
+        "lease_deadline": _NULLABLE_ISO,
+        "finished_at": _NULLABLE_ISO,
+        "last_error": {"type": ["string", "null"]},
+    },
+}
+
+_WORKER = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "queue": {"type": "string"},
+        "host": {"type": "string"},
+        "pid": {"type": "integer"},
+        "concurrency": {"type": "integer"},
+        "in_flight": {"type": "integer"},
+        "kinds": {"type": "array", "items": {"type": "string"}},
+        "started_at": _NULLABLE_ISO,
+        "last_seen": _ISO,
+        "alive": {"type": "boolean"},
+    },
+}
+
+_STATS = {
+    "type": "object",
+    "required": [
+        "queue",
+        "scheduled",
+        "due",
+        "active",
+        "dead",
+        "done",
+        "oldest_due_age",
+        "next_due_at",
+        "next_lease_deadline",
+        "counters",
+        "now",
+        "expiry_mode",
+        "workers_alive",
+        "workers",
+    ],
+    "properties": {
+        "queue": {"type": "string"},
+        "scheduled": {"type": "integer", "description": "Tasks waiting (due or not)."},
+        "due": {"type": "integer", "description": "Waiting tasks already due."},
+        "active": {"type": "integer", "description": "Tasks running."},
+        "dead": {"type": "integer"},
+        "done": {"type": "integer", "description": "Finished, within the dedupe window."},
+        "oldest_due_age": {
+            "type": "number",
+            "description": "Seconds the oldest due task has waited.",
+        },
+        "next_due_at": _NULLABLE_ISO,
+        "next_lease_deadline": _NULLABLE_ISO,
+        "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "now": _ISO,
+        "expiry_mode": {"type": ["string", "null"]},
+        "workers_alive": {"type": "integer"},
+        "workers": {"type": "array", "items": _WORKER},
+    },
+}
+
+_PROBLEM = {
+    "type": "object",
+    "description": "RFC 9457 problem details.",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "enum": [TYPE_BASE + name for name in TYPES]},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string", "description": "What went wrong and how to fix it."},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["pointer", "detail"],
+                "properties": {
+                    "pointer": {
+                        "type": "string",
+                        "description": "JSON pointer into the body (empty: the request itself).",
+                    },
+                    "detail": {"type": "string"},
+                    "index": {"type": "integer", "description": "The batch's task."},
+                },
+            },
+        },
+        "id": {"type": "string", "description": "The task id tried (send it again)."},
+        "state": {"type": "string", "description": "The task's state (409)."},
+        "scheduled": {"type": "array", "items": {"type": "object"}},
+        "unconfirmed": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document ``GET /openapi.json`` serves."""
+    task_paths = {
+        "/v1/queues/{queue}": {
+            "get": _op(
+                "queueStats",
+                "The queue's counts, schedule head and workers (as `delayq info --json`).",
+                {"200": _json(_STATS, "The queue's stats."), **_COMMON},
+                params=[_QUEUE],
+            ),
+        },
+        "/v1/queues/{queue}/tasks": {
+            "post": _op(
+                "scheduleTask",
+                "Schedule a task.",
+                {
+                    "201": _json(_SCHEDULED, "Created."),
+                    "200": _json(_SCHEDULED, "The id existed: left as it was (or replaced)."),
+                    **_COMMON,
+                    **_BODY_ERRORS,
+                },
+                body="Task",
+                params=[_QUEUE],
+            ),
+        },
+        "/v1/queues/{queue}/tasks/batch": {
+            "post": _op(
+                "scheduleBatch",
+                f"Schedule up to {schemas.MAX_BATCH} tasks: all are checked first, and on any "
+                "error nothing is written.",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["tasks"],
+                            "properties": {"tasks": {"type": "array", "items": _SCHEDULED}},
+                        },
+                        "Each task's result, in the order sent.",
+                    ),
+                    **_COMMON,
+                    **_BODY_ERRORS,
+                },
+                body="Batch",
+                params=[_QUEUE],
+            ),
+        },
+        "/v1/queues/{queue}/tasks/{id}": {
+            "get": _op(
+                "getTask",
+                "The task's state.",
+                {"200": _json(_TASK, "The task."), **_NOT_FOUND, **_COMMON},
+                params=[_QUEUE, _ID],
+            ),
+            "delete": _op(
+                "cancelTask",
+                "Cancel a waiting task.",
+                {"204": {"description": "Cancelled."}, **_NOT_FOUND, **_CONFLICT, **_COMMON},
+                params=[_QUEUE, _ID],
+            ),
+            "patch": _op(
+                "rescheduleTask",
+                "Move a waiting task to a new due time.",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["id", "due_at"],
+                            "properties": {"id": {"type": "string"}, "due_at": _ISO},
+                        },
+                        "Rescheduled.",
+                    ),
+                    **_NOT_FOUND,
+                    **_CONFLICT,
+                    **_COMMON,
+                    **_BODY_ERRORS,
+                },
+                body="Reschedule",
+                params=[_QUEUE, _ID],
+            ),
+        },
+        "/v1/queues/{queue}/expiring/{key}": {
+            "put": _op(
+                "setExpiringKey",
+                "Set a watched key with a TTL; its `on_expire` callback runs when it expires.",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["key", "deadline"],
+                            "properties": {"key": {"type": "string"}, "deadline": _ISO},
+                        },
+                        "Set; `deadline` is on the server's clock.",
+                    ),
+                    **_COMMON,
+                    **_BODY_ERRORS,
+                },
+                body="ExpiringSet",
+                params=[_QUEUE, _KEY],
+            ),
+            "delete": _op(
+                "deleteExpiringKey",
+                "Delete a watched key without a callback.",
+                {
+                    "204": {"description": "Deleted before it expired."},
+                    **_NOT_FOUND,
+                    **_COMMON,
+                },
+                params=[_QUEUE, _KEY],
+            ),
+        },
+        "/v1/queues/{queue}/expiring/{key}/touch": {
+            "post": _op(
+                "touchExpiringKey",
+                "Give a watched key a new TTL.",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["key", "touched"],
+                            "properties": {
+                                "key": {"type": "string"},
+                                "touched": {"type": "boolean", "const": True},
+                            },
+                        },
+                        "Its deadline moved.",
+                    ),
+                    **_NOT_FOUND,
+                    **_COMMON,
+                    **_BODY_ERRORS,
+                },
+                body="ExpiringTouch",
+                params=[_QUEUE, _KEY],
+            ),
+        },
+    }
+    probes = {
+        "/healthz": {
+            "get": _op(
+                "healthz",
+                "The process is up (no token needed).",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["status"],
+                            "properties": {"status": {"const": "ok"}},
+                        },
+                        "Up.",
+                    )
+                },
+                secured=False,
+            )
+        },
+        "/readyz": {
+            "get": _op(
+                "readyz",
+                "Redis answers; with `queue`, that queue's protocol version too.",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["status"],
+                            "properties": {
+                                "status": {"const": "ready"},
+                                "queue": {"type": "string"},
+                                "protocol_version": {},
+                            },
+                        },
+                        "Ready.",
+                    ),
+                    **_COMMON,
+                },
+                params=[
+                    {
+                        "name": "queue",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "pattern": schemas.QUEUE_PATTERN},
+                    }
+                ],
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "openapi",
+                "This document (no token needed).",
+                {"200": _json({"type": "object"}, "The OpenAPI document.")},
+                secured=False,
+            )
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "delayq HTTP API",
+            "version": VERSION,
+            "description": "Schedule delayed tasks and watch expiring keys from any service. "
+            "Errors are RFC 9457 problem details (application/problem+json).",
+        },
+        "paths": {**task_paths, **probes},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Task": _body(schemas.TASK_FIELDS, **_NOT_BOTH),
+                "BatchTask": _body(schemas.BATCH_TASK_FIELDS, **_NOT_BOTH),
+                "Batch": _body(
+                    schemas.BATCH_FIELDS,
+                    properties={
+                        "tasks": dict(schemas.TASKS.schema, items=_ref("BatchTask")),
+                        "replace": dict(schemas.REPLACE.schema),
+                        "durable": dict(schemas.DURABLE.schema),
+                    },
+                ),
+                "Reschedule": _body(
+                    schemas.RESCHEDULE_FIELDS,
+                    oneOf=[{"required": ["delay"]}, {"required": ["at"]}],
+                ),
+                "ExpiringSet": _body(schemas.SET_FIELDS),
+                "ExpiringTouch": _body(schemas.TOUCH_FIELDS),
+                "Problem": _PROBLEM,
+            },
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,386 @@
+"""The request bodies: their fields, read and checked at the edge.
+
+Each body is a table of :class:`Field`: its JSON type, whether it is required, what it
+means, and the Python API's own check of its value (``delayq.core``'s validators, the
+timing and header rules), so the API refuses exactly what ``Queue.schedule`` refuses, and
+says where. ``openapi.py`` builds the request schemas from the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from delayq.codec import MAX_HEADERS, encode_headers
+from delayq.core import (
+    MAX_ATTEMPTS,
+    MAX_ID_LEN,
+    MAX_KIND_LEN,
+    TaskSpec,
+    validate_kind,
+    validate_max_attempts,
+    validate_task_id,
+)
+from delayq.errors import InvalidTaskError
+from delayq.expiring.ops import MAX_KEY_LEN
+from delayq.http.problems import Problem, field_error, invalid
+from delayq.timing import MAX_DELAY_S, at_ms, seconds
+
+MAX_BATCH = 1000
+NO_CONTROL = "^[^\\u0000-\\u001f]+$"  # JSON Schema's spelling of "no control characters"
+
+# RFC 3339 date-time: a full date, "T" (or a space), a time with seconds and an offset.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})"
+)
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def rfc3339(text: str) -> datetime:
+    """An RFC 3339 date-time (``2030-01-02T03:04:05.678Z``, ``...+02:00``) as an aware
+    datetime; InvalidTaskError naming the form otherwise."""
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        raise InvalidTaskError(
+            f"at {text[:64]!r} is not an RFC 3339 date-time: write e.g. "
+            "'2030-01-02T03:04:05Z' or '2030-01-02T03:04:05.250+02:00' (date, 'T', time with "
+            "seconds, then 'Z' or an offset)"
+        )
+    year, month, day, hour, minute, second, frac, offset = m.groups()
+    if second == "60":
+        raise InvalidTaskError(f"at {text!r} is a leap second: use :59 or the next minute")
+    micros = int((frac[1:] + "000000")[:6]) if frac else 0
+    try:
+        when = datetime.fromisoformat(f"{year}-{month}-{day}T{hour}:{minute}:{second}+00:00")
+    except ValueError:
+        raise InvalidTaskError(f"at {text!r} is not a real date and time") from None
+    if offset not in ("Z", "z"):
+        sign = 1 if offset[0] == "+" else -1
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise InvalidTaskError(f"at {text!r} has an offset out of range (+/-23:59 at most)")
+        when -= sign * timedelta(hours=hours, minutes=minutes)
+    return when.replace(microsecond=micros)
+
+
+def _at(value: str) -> datetime:
+    when = rfc3339(value)
+    at_ms(when)  # the Python API's bounds (1970 .. 9999)
+    return when
+
+
+def _delay(value: float) -> float:
+    return seconds(value, "delay")
+
+
+def _ttl(value: float) -> float:
+    return seconds(value, "ttl")
+
+
+def _headers(value: dict[str, Any]) -> dict[str, str]:
+    encode_headers(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a body: its JSON Schema, and the Python API's check of its value
+    (raising InvalidTaskError; returns the value to use)."""
+
+    name: str
+    schema: dict[str, Any]
+    check: Callable[[Any], Any] | None = None
+    required: bool = False
+
+    @property
+    def type(self) -> str | None:
+        t = self.schema.get("type")
+        return t if isinstance(t, str) else None
+
+
+KIND = Field(
+    "kind",
+    {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_KIND_LEN,
+        "pattern": NO_CONTROL,
+        "description": "Which handler runs the task (`@worker.handler(kind)`).",
+    },
+    validate_kind,
+    required=True,
+)
+PAYLOAD = Field(
+    "payload",
+    {
+        "description": "The handler's `task.payload`: any JSON value (default null), at most "
+        "the queue's max_payload (64 KiB) encoded."
+    },
+)
+DELAY = Field(
+    "delay",
+    {
+        "type": "number",
+        "minimum": 0,
+        "maximum": MAX_DELAY_S,
+        "description": "Seconds from now (on the Redis server's clock). Not with `at`.",
+    },
+    _delay,
+)
+AT = Field(
+    "at",
+    {
+        "type": "string",
+        "format": "date-time",
+        "description": "When the task is due, an RFC 3339 date-time from 1970 to 9999. "
+        "Not with `delay`. With neither, the task is due now.",
+    },
+    _at,
+)
+ID = Field(
+    "id",
+    {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_ID_LEN,
+        "pattern": NO_CONTROL,
+        "description": "The task's id, a business key such as `order-close:42` (default: a "
+        "new random id). An id already waiting, running, finished within the dedupe window "
+        "or dead is not scheduled again (`created: false`) unless `replace` is true.",
+    },
+    validate_task_id,
+)
+MAX_ATTEMPTS_FIELD = Field(
+    "max_attempts",
+    {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_ATTEMPTS,
+        "description": "This task's limit of attempts (0, the default: the handler's).",
+    },
+    validate_max_attempts,
+)
+REPLACE = Field(
+    "replace",
+    {
+        "type": "boolean",
+        "description": "Move a waiting task with this id, or re-create a finished or dead "
+        "one (a running task is never replaced).",
+    },
+)
+DURABLE = Field(
+    "durable",
+    {
+        "type": "boolean",
+        "description": "Answer only once the server's append-only file is fsynced.",
+    },
+)
+HEADERS = Field(
+    "headers",
+    {
+        "type": "object",
+        "propertyNames": {"minLength": 1},
+        "additionalProperties": {"type": "string"},
+        "description": f"Strings that travel with the task (`task.headers`): trace context, "
+        f"a tenant. At most {MAX_HEADERS} bytes as JSON.",
+    },
+    _headers,
+)
+TTL = Field(
+    "ttl",
+    {
+        "type": "number",
+        "minimum": 0.001,
+        "maximum": MAX_DELAY_S,
+        "description": "Seconds until the key expires (at least 0.001).",
+    },
+    _ttl,
+    required=True,
+)
+VALUE = Field(
+    "value",
+    {"description": "The key's value, any JSON value: the `on_expire` callback gets it."},
+)
+TASKS = Field(
+    "tasks",
+    {"type": "array", "minItems": 1, "maxItems": MAX_BATCH},
+    required=True,
+)
+
+# The bodies, by name (openapi.py names its schemas after these).
+BATCH_TASK_FIELDS = (KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS)
+TASK_FIELDS = (*BATCH_TASK_FIELDS, REPLACE, DURABLE)
+BATCH_FIELDS = (TASKS, REPLACE, DURABLE)
+RESCHEDULE_FIELDS = (DELAY, AT)
+SET_FIELDS = (VALUE, TTL)
+TOUCH_FIELDS = (TTL,)
+
+# Path parameters: the same rules as the Python API's.
+QUEUE_PATTERN = "^[A-Za-z0-9_.:\\-]{1,100}$"
+KEY_MAX = MAX_KEY_LEN
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON; 422 naming what is wrong when it is not (NaN and Infinity, which
+    Python's json would take, are not JSON)."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON value")
+
+    if not body.strip():
+        raise invalid([field_error("", "the body is empty: send a JSON object")])
+    try:
+        return json.loads(body, parse_constant=no_constant)
+    except RecursionError:
+        raise invalid([field_error("", "the JSON is nested too deeply")]) from None
+    except ValueError as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        raise invalid(
+            [field_error("", f"the body is not valid JSON ({e}): send one JSON object")]
+        ) from None
+
+
+def _type_error(f: Field, value: Any) -> str | None:
+    t = f.type
+    if t is None:
+        return None
+    ok = {
+        "string": isinstance(value, str),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+    }[t]
+    if ok:
+        return None
+    got = _JSON_TYPES.get(type(value), type(value).__name__)
+    if t == "integer" and isinstance(value, float):
+        got = f"the fraction {value!r}"
+    return f"{f.name} must be {'an' if t[0] in 'aeiou' else 'a'} {t}, got {got}"
+
+
+def read_fields(
+    data: Any,
+    fields: tuple[Field, ...],
+    errors: list[dict[str, Any]],
+    base: str = "",
+    index: int | None = None,
+    moved: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The body's fields, checked: type, unknown and missing fields, then each value by the
+    Python API's rules. Errors are appended (pointer ``base/field``); the fields that passed
+    are returned."""
+    if not isinstance(data, dict):
+        got = _JSON_TYPES.get(type(data), type(data).__name__)
+        errors.append(
+            field_error(base, f"expected a JSON object with {_names(fields)}, got {got}", index)
+        )
+        return {}
+    known = {f.name: f for f in fields}
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        f = known.get(name)
+        if f is None:
+            hint = (moved or {}).get(name) or f"the fields are {_names(fields)}"
+            where = f"{base}/{_escape(name)}"
+            errors.append(field_error(where, f"unknown field {name!r}: {hint}", index))
+            continue
+        problem = _type_error(f, value)
+        if problem is None and f.check is not None:
+            try:
+                value = f.check(value)
+            except InvalidTaskError as e:
+                problem = str(e)
+        if problem is not None:
+            errors.append(field_error(f"{base}/{name}", problem, index))
+        else:
+            out[name] = value
+    for f in fields:
+        if f.required and f.name not in data:
+            errors.append(field_error(f"{base}/{f.name}", f"{f.name} is required", index))
+    if out.get("delay") is not None and out.get("at") is not None:
+        errors.append(field_error(f"{base}/at", "pass either delay or at, not both", index))
+        out.pop("at")
+    return out
+
+
+def _names(fields: tuple[Field, ...]) -> str:
+    return ", ".join(f.name for f in fields)
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")[:200]
+
+
+def check_fields(data: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
+    """One body's fields, or 422 with every error found."""
+    errors: list[dict[str, Any]] = []
+    out = read_fields(data, fields, errors)
+    if errors:
+        raise invalid(errors)
+    return out
+
+
+def spec_of(fields: dict[str, Any], task_id: str) -> TaskSpec:
+    return TaskSpec(
+        fields["kind"],
+        fields.get("payload"),
+        delay=fields.get("delay"),
+        at=fields.get("at"),
+        task_id=task_id,
+        max_attempts=fields.get("max_attempts", 0),
+        headers=fields.get("headers"),
+    )
+
+
+_MOVED = {
+    "replace": "replace applies to the whole batch: put it beside tasks",
+    "durable": "durable applies to the whole batch: put it beside tasks",
+}
+
+
+def check_batch(data: Any) -> tuple[list[dict[str, Any]], bool, bool]:
+    """(each task's fields, replace, durable), or 422 listing every error by index."""
+    errors: list[dict[str, Any]] = []
+    top = read_fields(data, BATCH_FIELDS, errors)
+    tasks = top.get("tasks")
+    if isinstance(tasks, list) and len(tasks) > MAX_BATCH:
+        raise Problem(
+            "too-large",
+            f"the batch has {len(tasks)} tasks, over the limit of {MAX_BATCH}: send them in "
+            f"batches of at most {MAX_BATCH}",
+        )
+    if isinstance(tasks, list) and not tasks:
+        errors.append(field_error("/tasks", "tasks is empty: send at least one task"))
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(tasks or []):
+        fields = read_fields(item, BATCH_TASK_FIELDS, errors, f"/tasks/{i}", i, _MOVED)
+        tid = fields.get("id")
+        if tid is not None:
+            if tid in seen:
+                errors.append(
+                    field_error(
+                        f"/tasks/{i}/id",
+                        f"id {tid!r} is also task {seen[tid]}'s: each task of a batch needs "
+                        "its own id",
+                        i,
+                    )
+                )
+            seen.setdefault(tid, i)
+        out.append(fields)
+    if errors:
+        raise invalid(errors)
+    return out, bool(top.get("replace", False)), bool(top.get("durable", False))
