@@ -19,7 +19,6 @@ from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as aredis
 from starlette.applications import Starlette
-from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
 
 from delayq.admin.inspect import QueueOverview
@@ -61,7 +60,8 @@ class Request:
         return schemas.parse_json(self.body)
 
     def query_param(self, name: str) -> str | None:
-        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get(name)
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        values = parse_qs(query, keep_blank_values=True).get(name)
         return values[-1] if values else None
 
 
@@ -621,6 +621,9 @@ def create_app(
         if owned:
             await api.aclose()
 
-    app = Starlette(routes=[Mount("", app=api)], lifespan=lifespan)
+    app = Starlette(lifespan=lifespan)
+    # Every request goes to the API's own router (no route of Starlette's matches first:
+    # its patterns see the decoded path, where an id's %2F or %0A would misroute it).
+    app.router.default = api
     app.state.api = api
     return app

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from delayq.codec import MAX_HEADERS, encode_headers
@@ -27,7 +27,7 @@ from delayq.core import (
 )
 from delayq.errors import InvalidTaskError
 from delayq.expiring.ops import MAX_KEY_LEN
-from delayq.http.problems import Problem, field_error, invalid
+from delayq.http.problems import field_error, invalid
 from delayq.timing import MAX_DELAY_S, at_ms, seconds
 
 MAX_BATCH = 1000
@@ -75,9 +75,21 @@ def rfc3339(text: str) -> datetime:
     return when.replace(microsecond=micros)
 
 
+_FIRST = datetime(1970, 1, 1, tzinfo=UTC)
+_LAST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def _at(value: str) -> datetime:
+    """``at``: an RFC 3339 time whose year is 1970 to 9999 (the Python API's range). Such a
+    time that is still before the epoch or after the year 9999 in UTC (by its offset) is
+    taken as the epoch or the last second of 9999: as due, either way."""
     when = rfc3339(value)
-    at_ms(when)  # the Python API's bounds (1970 .. 9999)
+    if not 1970 <= int(value[:4]) <= 9999:
+        raise InvalidTaskError(
+            f"at {value!r} is outside the years 1970 to 9999; is the year right?"
+        )
+    when = min(max(when, _FIRST), _LAST)
+    at_ms(when)  # the Python API's own check
     return when
 
 
@@ -144,6 +156,7 @@ AT = Field(
     {
         "type": "string",
         "format": "date-time",
+        "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-",
         "description": "When the task is due, an RFC 3339 date-time from 1970 to 9999. "
         "Not with `delay`. With neither, the task is due now.",
     },
@@ -298,6 +311,8 @@ def read_fields(
             errors.append(field_error(where, f"unknown field {name!r}: {hint}", index))
             continue
         problem = _type_error(f, value)
+        if problem is not None and f.type == "integer" and _whole(value):
+            value, problem = int(value), None  # 3.0 is an integer in JSON
         if problem is None and f.check is not None:
             try:
                 value = f.check(value)
@@ -314,6 +329,10 @@ def read_fields(
         errors.append(field_error(f"{base}/at", "pass either delay or at, not both", index))
         out.pop("at")
     return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, float) and value.is_integer()
 
 
 def _names(fields: tuple[Field, ...]) -> str:
@@ -357,10 +376,14 @@ def check_batch(data: Any) -> tuple[list[dict[str, Any]], bool, bool]:
     top = read_fields(data, BATCH_FIELDS, errors)
     tasks = top.get("tasks")
     if isinstance(tasks, list) and len(tasks) > MAX_BATCH:
-        raise Problem(
-            "too-large",
-            f"the batch has {len(tasks)} tasks, over the limit of {MAX_BATCH}: send them in "
-            f"batches of at most {MAX_BATCH}",
+        raise invalid(
+            [
+                field_error(
+                    "/tasks",
+                    f"the batch has {len(tasks)} tasks, over the limit of {MAX_BATCH}: send "
+                    f"them in batches of at most {MAX_BATCH}",
+                )
+            ]
         )
     if isinstance(tasks, list) and not tasks:
         errors.append(field_error("/tasks", "tasks is empty: send at least one task"))
