@@ -27,6 +27,7 @@ import costs
 import drain
 import durable
 import expiring
+import http_api
 import idle
 import lateness
 import memory
@@ -51,6 +52,7 @@ BENCHMARKS = {
         durable,
         testing_speed,
         otel,
+        http_api,
         soak,
         cluster,
     )

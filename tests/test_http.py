@@ -137,6 +137,27 @@ async def test_durable_schedule_waits_for_the_fsync(
     await app.state.api.aclose()
 
 
+async def test_concurrent_schedules_each_get_their_own_answer(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    # Sent together, they go to Redis together; one bad payload and one id sent twice
+    # still get answers of their own, and the others are written.
+    import asyncio
+
+    bodies: list[dict[str, Any]] = [{"kind": "k", "id": f"c{i}", "payload": i} for i in range(20)]
+    bodies[5]["payload"] = "x" * 70_000
+    bodies[9]["id"] = "c8"
+    url = f"/v1/queues/{qname}/tasks"
+    replies = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+    codes = [r.status_code for r in replies]
+    assert codes[5] == 413 and sorted((codes[8], codes[9])) == [200, 201]
+    assert all(c == 201 for i, c in enumerate(codes) if i not in (5, 8, 9))
+    assert sq.stats().scheduled == 18 and sq.get("c5") is None
+    for i in (0, 19):
+        info = sq.get(f"c{i}")
+        assert info is not None and info.payload == i
+
+
 # -- POST /v1/queues/{queue}/tasks/batch -------------------------------------------------------
 
 

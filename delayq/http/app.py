@@ -28,6 +28,7 @@ from delayq.core import new_task_ids, validate_task_id
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.expiring.ops import validate_key
 from delayq.http import schemas
+from delayq.http.coalesce import Coalescer
 from delayq.http.openapi import document
 from delayq.http.problems import MEDIA_TYPE, Problem, field_error, from_error, invalid
 from delayq.http.queues import Queues, protocol_version
@@ -110,6 +111,7 @@ class Api:
         max_batch_body: int = MAX_BATCH_BODY,
     ) -> None:
         self.queues = queues
+        self.coalescer = Coalescer()
         self._token = token.encode()
         self.max_body = max_body
         self.max_batch_body = max_batch_body
@@ -152,7 +154,9 @@ class Api:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return  # (lifespan is the Starlette app's; no websockets here)
+            if scope["type"] == "lifespan":  # served on its own (delayq api)
+                await self.lifespan(receive, send)
+            return  # (no websockets here)
         try:
             reply = await self.dispatch(scope, receive)
         except Problem as p:
@@ -296,21 +300,16 @@ class Api:
         return await self.run(request, work)
 
     async def schedule(self, request: Request) -> Reply:
-        f = schemas.check_fields(request.json(), schemas.TASK_FIELDS)
+        f = schemas.check_fields(request.json(), schemas.TASK)
         tid = f.get("id") or new_task_ids(1)[0]
 
         async def work(q: AsyncQueue) -> Reply:
             try:
-                s = await q.schedule(
-                    f["kind"],
-                    f.get("payload"),
-                    delay=f.get("delay"),
-                    at=f.get("at"),
-                    task_id=tid,
-                    max_attempts=f.get("max_attempts", 0),
+                s = await self.coalescer.schedule(
+                    q,
+                    schemas.spec_of(f, tid),
                     replace=f.get("replace", False),
                     durable=f.get("durable", False),
-                    headers=f.get("headers"),
                 )
             except (InvalidTaskError, ConnectionFailed) as e:
                 raise from_error(e, "/payload", id=tid) from None
@@ -371,7 +370,7 @@ class Api:
 
     async def reschedule(self, request: Request) -> Reply:
         tid = _task_id(request)
-        f = schemas.check_fields(request.json(), schemas.RESCHEDULE_FIELDS)
+        f = schemas.check_fields(request.json(), schemas.RESCHEDULE)
         if "delay" not in f and "at" not in f:
             raise invalid([field_error("", "send delay (seconds) or at (an RFC 3339 time)")])
 
@@ -384,7 +383,7 @@ class Api:
 
     async def set_key(self, request: Request) -> Reply:
         key = _key(request)
-        f = schemas.check_fields(request.json(), schemas.SET_FIELDS)
+        f = schemas.check_fields(request.json(), schemas.EXPIRING_SET)
 
         async def work(q: AsyncQueue) -> Reply:
             try:
@@ -397,7 +396,7 @@ class Api:
 
     async def touch_key(self, request: Request) -> Reply:
         key = _key(request)
-        f = schemas.check_fields(request.json(), schemas.TOUCH_FIELDS)
+        f = schemas.check_fields(request.json(), schemas.EXPIRING_TOUCH)
 
         async def work(q: AsyncQueue) -> Reply:
             try:
@@ -420,9 +419,23 @@ class Api:
 
         return await self.run(request, work)
 
+    owns_client = False
+
     async def aclose(self) -> None:
-        """Close the API's Redis connections (when it made its own client)."""
-        await self.queues.client.aclose()
+        """Close the API's Redis connections, when it made its own client."""
+        if self.owns_client:
+            await self.queues.client.aclose()
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI lifespan, when the API is served without its Starlette app around it."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
 
 def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
@@ -496,14 +509,14 @@ def _too_large(limit: int, *, close: bool) -> Problem:
     )
 
 
-def _due(f: dict[str, Any]) -> datetime:
+def _due(f: dict[str, Any], now: datetime | None = None) -> datetime:
     """When a task sent with these fields is due: ``at``, else now plus ``delay`` on this
     process's clock (the server adds the delay to its own clock; they agree to within the
     machines' clock skew)."""
     at = f.get("at")
     if at is not None:
         return at  # type: ignore[no-any-return]
-    return datetime.now(UTC) + timedelta(seconds=f.get("delay") or 0)
+    return (now or datetime.now(UTC)) + timedelta(seconds=f.get("delay") or 0)
 
 
 async def _results(
@@ -516,15 +529,20 @@ async def _results(
     if kept:
         ops = [q.shards.of(done[i]).get(done[i]) for i in kept]
         infos = dict(zip(kept, await q.runner.run_many(ops), strict=True))
+    now = datetime.now(UTC)
+    dues: dict[tuple[Any, Any], str | None] = {}  # a batch's tasks repeat their delays
     out = []
     for i, (s, f) in enumerate(zip(done, fields, strict=True)):
         if i in infos:
             info = infos[i]
             due = _iso(info.due_at) if info is not None else None
         else:
-            due = _iso(_due(f))
-        created = s.status == "created"
-        out.append({"id": str(s), "due_at": due, "created": created, "status": s.status})
+            key = (f.get("delay"), f.get("at"))
+            due = dues.get(key)
+            if due is None:
+                due = dues[key] = _iso(_due(f, now))
+        status = s.status
+        out.append({"id": str(s), "due_at": due, "created": status == "created", "status": status})
     return out
 
 
@@ -594,19 +612,18 @@ def create_app(
         queues: serve only these queues (default: any).
         max_body, max_batch_body: the largest request bodies read, in bytes.
 
-    The app's ``state.api`` is the :class:`Api`; ``await app.state.api.aclose()`` closes
-    the connections it opened (its lifespan does so when it is served on its own).
+    The app's ``state.api`` is the :class:`Api` (itself an ASGI app, what ``delayq api``
+    serves); ``await app.state.api.aclose()`` closes the connections it opened (the app's
+    lifespan does so when it is served on its own).
     """
     if not isinstance(token, str) or len(token) < MIN_TOKEN:
         raise ConfigurationError(
             f"the API token must be a string of at least {MIN_TOKEN} characters; make one with "
             "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
         )
+    owned = client is None
     if client is None:
         client = async_client(resolve_url(url), retries=RETRIES)
-        owned = True
-    else:
-        owned = False
     allowed = frozenset(queues) if queues else None
     api = Api(
         Queues(client, prefix=prefix, allowed=allowed),
@@ -614,12 +631,12 @@ def create_app(
         max_body=max_body,
         max_batch_body=max_batch_body,
     )
+    api.owns_client = owned
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
-        if owned:
-            await api.aclose()
+        await api.aclose()
 
     app = Starlette(lifespan=lifespan)
     # Every request goes to the API's own router (no route of Starlette's matches first:

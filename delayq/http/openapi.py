@@ -18,12 +18,12 @@ _ISO = {"type": "string", "format": "date-time"}
 _NULLABLE_ISO = {"type": ["string", "null"], "format": "date-time"}
 
 
-def _body(fields: tuple[schemas.Field, ...], **extra: Any) -> dict[str, Any]:
+def _body(body: schemas.Body, **extra: Any) -> dict[str, Any]:
     return {
         "type": "object",
         "additionalProperties": False,
-        "properties": {f.name: dict(f.schema) for f in fields},
-        "required": [f.name for f in fields if f.required],
+        "properties": {f.name: dict(f.schema) for f in body.fields},
+        "required": list(body.required),
         **extra,
     }
 
@@ -447,10 +447,10 @@ def document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Task": _body(schemas.TASK_FIELDS, **_NOT_BOTH),
-                "BatchTask": _body(schemas.BATCH_TASK_FIELDS, **_NOT_BOTH),
+                "Task": _body(schemas.TASK, **_NOT_BOTH),
+                "BatchTask": _body(schemas.BATCH_TASK, **_NOT_BOTH),
                 "Batch": _body(
-                    schemas.BATCH_FIELDS,
+                    schemas.BATCH,
                     properties={
                         "tasks": dict(schemas.TASKS.schema, items=_ref("BatchTask")),
                         "replace": dict(schemas.REPLACE.schema),
@@ -458,11 +458,11 @@ def document() -> dict[str, Any]:
                     },
                 ),
                 "Reschedule": _body(
-                    schemas.RESCHEDULE_FIELDS,
+                    schemas.RESCHEDULE,
                     oneOf=[{"required": ["delay"]}, {"required": ["at"]}],
                 ),
-                "ExpiringSet": _body(schemas.SET_FIELDS),
-                "ExpiringTouch": _body(schemas.TOUCH_FIELDS),
+                "ExpiringSet": _body(schemas.EXPIRING_SET),
+                "ExpiringTouch": _body(schemas.EXPIRING_TOUCH),
                 "Problem": _PROBLEM,
             },
         },

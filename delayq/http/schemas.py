@@ -117,9 +117,36 @@ class Field:
     required: bool = False
 
     @property
-    def type(self) -> str | None:
+    def json_type(self) -> str | None:
         t = self.schema.get("type")
         return t if isinstance(t, str) else None
+
+    @property
+    def types(self) -> tuple[type, ...] | None:
+        """The Python types json.loads gives for the JSON type (None: any)."""
+        t = self.json_type
+        return _PYTHON_TYPES[t] if t is not None else None
+
+
+class Body:
+    """A body's fields by name, with their types, ready for :func:`read_fields`."""
+
+    def __init__(self, *fields: Field) -> None:
+        self.fields = fields
+        self.by_name = {f.name: (f, f.types, f.check) for f in fields}
+        self.required = [f.name for f in fields if f.required]
+        self.names = ", ".join(f.name for f in fields)
+
+
+# The exact types (bool is not a number here, though it is an int in Python).
+_PYTHON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
 
 
 KIND = Field(
@@ -232,52 +259,45 @@ TASKS = Field(
     required=True,
 )
 
-# The bodies, by name (openapi.py names its schemas after these).
-BATCH_TASK_FIELDS = (KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS)
-TASK_FIELDS = (*BATCH_TASK_FIELDS, REPLACE, DURABLE)
-BATCH_FIELDS = (TASKS, REPLACE, DURABLE)
-RESCHEDULE_FIELDS = (DELAY, AT)
-SET_FIELDS = (VALUE, TTL)
-TOUCH_FIELDS = (TTL,)
+# The bodies (openapi.py names its schemas after these).
+BATCH_TASK = Body(KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS)
+TASK = Body(*BATCH_TASK.fields, REPLACE, DURABLE)
+BATCH = Body(TASKS, REPLACE, DURABLE)
+RESCHEDULE = Body(DELAY, AT)
+EXPIRING_SET = Body(VALUE, TTL)
+EXPIRING_TOUCH = Body(TTL)
 
 # Path parameters: the same rules as the Python API's.
 QUEUE_PATTERN = "^[A-Za-z0-9_.:\\-]{1,100}$"
 KEY_MAX = MAX_KEY_LEN
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+# One decoder for every request (json.loads with an option builds a new one each call).
+# NaN and Infinity, which Python's json would take, are not JSON.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def parse_json(body: bytes) -> Any:
-    """The body as JSON; 422 naming what is wrong when it is not (NaN and Infinity, which
-    Python's json would take, are not JSON)."""
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON value")
-
+    """The body as JSON (UTF-8, as RFC 8259 has it); 422 naming what is wrong when it is
+    not."""
     if not body.strip():
         raise invalid([field_error("", "the body is empty: send a JSON object")])
     try:
-        return json.loads(body, parse_constant=no_constant)
+        return _DECODER.decode(body.decode("utf-8"))
     except RecursionError:
         raise invalid([field_error("", "the JSON is nested too deeply")]) from None
     except ValueError as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
         raise invalid(
-            [field_error("", f"the body is not valid JSON ({e}): send one JSON object")]
+            [field_error("", f"the body is not valid JSON ({e}): send one JSON object in UTF-8")]
         ) from None
 
 
-def _type_error(f: Field, value: Any) -> str | None:
-    t = f.type
-    if t is None:
-        return None
-    ok = {
-        "string": isinstance(value, str),
-        "number": isinstance(value, int | float) and not isinstance(value, bool),
-        "integer": isinstance(value, int) and not isinstance(value, bool),
-        "boolean": isinstance(value, bool),
-        "object": isinstance(value, dict),
-        "array": isinstance(value, list),
-    }[t]
-    if ok:
-        return None
+def _type_error(f: Field, value: Any) -> str:
+    t = f.json_type or "?"
     got = _JSON_TYPES.get(type(value), type(value).__name__)
     if t == "integer" and isinstance(value, float):
         got = f"the fraction {value!r}"
@@ -286,67 +306,82 @@ def _type_error(f: Field, value: Any) -> str | None:
 
 def read_fields(
     data: Any,
-    fields: tuple[Field, ...],
+    body: Body,
     errors: list[dict[str, Any]],
     base: str = "",
     index: int | None = None,
     moved: dict[str, str] | None = None,
+    memo: dict[tuple[str, Any], Any] | None = None,
 ) -> dict[str, Any]:
     """The body's fields, checked: type, unknown and missing fields, then each value by the
     Python API's rules. Errors are appended (pointer ``base/field``); the fields that passed
-    are returned."""
-    if not isinstance(data, dict):
+    are returned. ``memo``: checks passed already in this request, by (field, value): a
+    batch's tasks repeat their kinds and times."""
+    if type(data) is not dict:
         got = _JSON_TYPES.get(type(data), type(data).__name__)
         errors.append(
-            field_error(base, f"expected a JSON object with {_names(fields)}, got {got}", index)
+            field_error(base, f"expected a JSON object with {body.names}, got {got}", index)
         )
         return {}
-    known = {f.name: f for f in fields}
+    by_name = body.by_name
     out: dict[str, Any] = {}
     for name, value in data.items():
-        f = known.get(name)
-        if f is None:
-            hint = (moved or {}).get(name) or f"the fields are {_names(fields)}"
+        entry = by_name.get(name)
+        if entry is None:
+            hint = (moved or {}).get(name) or f"the fields are {body.names}"
             where = f"{base}/{_escape(name)}"
             errors.append(field_error(where, f"unknown field {name!r}: {hint}", index))
             continue
-        problem = _type_error(f, value)
-        if problem is not None and f.type == "integer" and _whole(value):
-            value, problem = int(value), None  # 3.0 is an integer in JSON
-        if problem is None and f.check is not None:
-            try:
-                value = f.check(value)
-            except InvalidTaskError as e:
-                problem = str(e)
-        if problem is not None:
-            errors.append(field_error(f"{base}/{name}", problem, index))
-        else:
-            out[name] = value
-    for f in fields:
-        if f.required and f.name not in data:
-            errors.append(field_error(f"{base}/{f.name}", f"{f.name} is required", index))
-    if out.get("delay") is not None and out.get("at") is not None:
+        try:
+            out[name] = _value(entry, value, memo)
+        except InvalidTaskError as e:
+            errors.append(field_error(f"{base}/{name}", str(e), index))
+    for name in body.required:
+        if name not in data:
+            errors.append(field_error(f"{base}/{name}", f"{name} is required", index))
+    if "at" in out and out.get("delay") is not None and out["at"] is not None:
         errors.append(field_error(f"{base}/at", "pass either delay or at, not both", index))
         out.pop("at")
     return out
+
+
+def _value(
+    entry: tuple[Field, tuple[type, ...] | None, Callable[[Any], Any] | None],
+    value: Any,
+    memo: dict[tuple[str, Any], Any] | None,
+) -> Any:
+    """One field's value, checked (InvalidTaskError saying what is wrong)."""
+    f, types, check = entry
+    if types is not None and type(value) not in types:
+        if f.json_type == "integer" and _whole(value):
+            value = int(value)  # 3.0 is an integer in JSON
+        else:
+            raise InvalidTaskError(_type_error(f, value))
+    if check is None:
+        return value
+    if memo is None or type(value) not in _MEMO_TYPES:
+        return check(value)
+    key = (f.name, value)
+    if key not in memo:
+        memo[key] = check(value)
+    return memo[key]
+
+
+_MEMO_TYPES = (str, int, float)
 
 
 def _whole(value: Any) -> bool:
     return isinstance(value, float) and value.is_integer()
 
 
-def _names(fields: tuple[Field, ...]) -> str:
-    return ", ".join(f.name for f in fields)
-
-
 def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")[:200]
 
 
-def check_fields(data: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
+def check_fields(data: Any, body: Body) -> dict[str, Any]:
     """One body's fields, or 422 with every error found."""
     errors: list[dict[str, Any]] = []
-    out = read_fields(data, fields, errors)
+    out = read_fields(data, body, errors)
     if errors:
         raise invalid(errors)
     return out
@@ -373,7 +408,7 @@ _MOVED = {
 def check_batch(data: Any) -> tuple[list[dict[str, Any]], bool, bool]:
     """(each task's fields, replace, durable), or 422 listing every error by index."""
     errors: list[dict[str, Any]] = []
-    top = read_fields(data, BATCH_FIELDS, errors)
+    top = read_fields(data, BATCH, errors)
     tasks = top.get("tasks")
     if isinstance(tasks, list) and len(tasks) > MAX_BATCH:
         raise invalid(
@@ -389,8 +424,9 @@ def check_batch(data: Any) -> tuple[list[dict[str, Any]], bool, bool]:
         errors.append(field_error("/tasks", "tasks is empty: send at least one task"))
     out: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
+    memo: dict[tuple[str, Any], Any] = {}
     for i, item in enumerate(tasks or []):
-        fields = read_fields(item, BATCH_TASK_FIELDS, errors, f"/tasks/{i}", i, _MOVED)
+        fields = read_fields(item, BATCH_TASK, errors, f"/tasks/{i}", i, _MOVED, memo)
         tid = fields.get("id")
         if tid is not None:
             if tid in seen:
