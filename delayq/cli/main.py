@@ -307,12 +307,14 @@ watched keys, from any service (docs/http.md).
 
 Every request under /v1 and /readyz must carry 'Authorization: Bearer TOKEN'; /healthz
 and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
---token-file (at least 16 characters). Listens on 127.0.0.1 unless --host says otherwise.
+--token-file (at least 16 characters). With -q, only the queues named are served.
+Listens on 127.0.0.1 unless --host says otherwise.
 Needs the http extra: pip install 'delayq[http]'.
 
 \b
 Environment:
   {URL_ENV[0]}, {URL_ENV[1]}  Redis URL [else {DEFAULT_URL}]
+  {QUEUE_ENV}  the queues served, comma-separated [else any]
   DELAYQ_API_TOKEN  the token
 """
 
@@ -323,6 +325,16 @@ Environment:
     default=None,
     metavar="URL",
     help=f"Redis URL [default: ${URL_ENV[0]}, else ${URL_ENV[1]}, else {DEFAULT_URL}].",
+)
+@click.option(
+    "--queue",
+    "-q",
+    "queues",
+    multiple=True,
+    envvar=QUEUE_ENV,
+    metavar="NAME",
+    help=f"Serve only this queue (repeatable) [default: ${QUEUE_ENV}, comma-separated, else "
+    "any queue].",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
@@ -344,6 +356,7 @@ Environment:
 @click.option("--access-log", is_flag=True, help="Log every request (never the token).")
 def api(
     url: str | None,
+    queues: tuple[str, ...],
     host: str,
     port: int,
     token: str | None,
@@ -369,7 +382,14 @@ def api(
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
     click.echo(f"delayq HTTP API on {base_url(sock)} (Redis {where})", err=True)
     try:
-        serve(url, token=token, sock=sock, log_level=log_level, access_log=access_log)
+        serve(
+            url,
+            token=token,
+            sock=sock,
+            queues=[q for item in queues for q in item.replace(",", " ").split()],
+            log_level=log_level,
+            access_log=access_log,
+        )
     except ConfigurationError as e:
         raise click.ClickException(str(e)) from None
 

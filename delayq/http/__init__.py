@@ -47,6 +47,7 @@ def serve(
     *,
     token: str,
     sock: socket.socket,
+    queues: list[str] | None = None,
     log_level: str = "warning",
     access_log: bool = False,
 ) -> None:
@@ -55,7 +56,7 @@ def serve(
 
     # The API itself, without the Starlette app around it (which only hands requests on:
     # a tenth of a small request's cost).
-    api = create_app(url, token=token).state.api
+    api = create_app(url, token=token, queues=queues).state.api
     config = uvicorn.Config(
         api, log_level=log_level, access_log=access_log, lifespan="on", ws="none"
     )
