@@ -668,7 +668,12 @@ def test_delayq_api_serves_over_http(server: EmbeddedServer, qname: str, tmp_pat
             "warning",
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "DELAYQ_REDIS_URL": server.url},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DELAYQ_REDIS_URL": server.url,
+            "DELAYQ_QUEUE": f"{qname},another-one",
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -692,6 +697,9 @@ def test_delayq_api_serves_over_http(server: EmbeddedServer, qname: str, tmp_pat
             r = c.post(f"/v1/queues/{qname}/tasks", content=b"x" * 2_000_000)
             assert r.status_code == 413 and r.headers["content-type"] == PROBLEM
             problem(httpx.get(f"{base}/readyz"), 401, "unauthorized")
+            doc = problem(c.get("/v1/queues/another"), 404, "not-found")
+            assert "not served" in doc["detail"]
+            assert c.get("/v1/queues/another-one").status_code == 200
         with Queue(qname, url=server.url) as q:
             assert q.get("cli-1") is not None
     finally:
