@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -173,6 +174,11 @@ def new_task_id() -> str:
     return new_task_ids(1)[0]
 
 
+# Control characters (below U+0020), refused in ids and kinds. A regex finds them in C: a
+# generator over the characters was half the cost of schedule_many's validation.
+_CONTROL = re.compile("[\x00-\x1f]")
+
+
 def validate_task_id(task_id: Any) -> str:
     if not isinstance(task_id, str) or not task_id:
         raise InvalidTaskError(f"task_id must be a non-empty string, got {task_id!r}")
@@ -181,7 +187,7 @@ def validate_task_id(task_id: Any) -> str:
             f"task_id is {len(task_id)} characters, over the limit of {MAX_ID_LEN}; "
             "use a shorter business key such as 'order:42'"
         )
-    if any(ord(c) < 32 for c in task_id):
+    if _CONTROL.search(task_id):
         raise InvalidTaskError(f"task_id {task_id!r} contains control characters")
     return check_text(task_id, "task_id")
 
@@ -191,7 +197,7 @@ def validate_kind(kind: Any) -> str:
         raise InvalidTaskError(
             f"kind must be a non-empty string of at most {MAX_KIND_LEN} characters, got {kind!r}"
         )
-    if any(ord(c) < 32 for c in kind):
+    if _CONTROL.search(kind):
         raise InvalidTaskError(f"kind {kind!r} contains control characters")
     return check_text(kind, "kind")
 
