@@ -268,6 +268,16 @@ async def test_get_a_task_and_404_for_an_unknown_one(
     assert "'nope'" in doc["detail"]
 
 
+async def test_a_msgpack_payload_json_cannot_hold_is_shown_as_text(
+    client: httpx.AsyncClient, server: EmbeddedServer, qname: str
+) -> None:
+    with Queue(qname, url=server.url, codec="msgpack") as mq:
+        mq.schedule("k", {"raw": b"\x00\x01", "x": float("nan")}, task_id="mp", delay=60)
+    r = await client.get(f"/v1/queues/{qname}/tasks/mp")
+    assert r.status_code == 200, r.text
+    assert r.json()["payload"] == {"raw": repr(b"\x00\x01"), "x": "nan"}
+
+
 async def test_cancel_204_then_404(client: httpx.AsyncClient, qname: str, sq: Queue) -> None:
     sq.schedule("k", task_id="c1", delay=60)
     r = await client.delete(f"/v1/queues/{qname}/tasks/c1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -44,7 +45,7 @@ MAX_BATCH_BODY = 16 * 1024 * 1024
 DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
 _JSON = b"application/json"
 _PROBLEM_JSON = MEDIA_TYPE.encode()
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class Request:
@@ -71,9 +72,29 @@ class Reply:
 
     def __init__(self, status: int, data: Any = None, headers: dict[str, str] | None = None):
         self.status = status
-        self.body = b"" if data is None else _ENCODER.encode(data).encode()
+        self.body = b"" if data is None else _encode(data)
         self.headers = headers
         self.media = _JSON
+
+
+def _encode(data: Any) -> bytes:
+    try:
+        return _ENCODER.encode(data).encode()
+    except (TypeError, ValueError):
+        # A payload JSON cannot hold (bytes, NaN: a msgpack task's): shown as text.
+        return _ENCODER.encode(_jsonable(data)).encode()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return repr(value)
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
