@@ -1,22 +1,18 @@
-"""The HTTP API as an ASGI app: routing, the token, bodies read with a cap, replies.
+"""The HTTP API's routes, the token, the handlers, and :func:`create_app`.
 
-Requests are routed on the raw path, each segment percent-decoded, so a task id or a
-watched key may hold a ``/`` (sent as ``%2F``). Every handler uses the public Python API
-(one :class:`~delayq.queue.AsyncQueue` per queue name, see ``queues.py``); whatever it
-refuses comes back as a problem (``problems.py``).
+Every handler uses the public Python API (one :class:`~delayq.queue.AsyncQueue` per queue
+name, see ``queues.py``); whatever it refuses comes back as a problem (``problems.py``).
+Routing on the raw path and reading bodies with a cap are in ``wire.py``.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qs, unquote
 
 import redis.asyncio as aredis
 from starlette.applications import Starlette
@@ -28,11 +24,12 @@ from delayq.connection import RETRIES, async_client, resolve_url
 from delayq.core import new_task_ids, validate_task_id
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.expiring.ops import validate_key
-from delayq.http import schemas
+from delayq.http import schemas, wire
 from delayq.http.coalesce import Coalescer
 from delayq.http.openapi import document
-from delayq.http.problems import MEDIA_TYPE, Problem, field_error, from_error, invalid
+from delayq.http.problems import Problem, field_error, from_error, invalid
 from delayq.http.queues import Queues, protocol_version
+from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
 from delayq.task import Scheduled, TaskInfo
@@ -42,82 +39,10 @@ log = logging.getLogger("delayq.http")
 MIN_TOKEN = 16
 MAX_BODY = 1024 * 1024  # bytes of a request body (a batch: MAX_BATCH_BODY)
 MAX_BATCH_BODY = 16 * 1024 * 1024
-DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
-_JSON = b"application/json"
-_PROBLEM_JSON = MEDIA_TYPE.encode()
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
-class Request:
-    """What a handler is given: the route's parameters, the query, and the body."""
-
-    __slots__ = ("body", "params", "query", "scope")
-
-    def __init__(self, scope: Scope, params: dict[str, str], body: bytes) -> None:
-        self.scope = scope
-        self.params = params
-        self.body = body
-
-    def json(self) -> Any:
-        return schemas.parse_json(self.body)
-
-    def query_param(self, name: str) -> str | None:
-        query = self.scope.get("query_string", b"").decode("latin-1")
-        values = parse_qs(query, keep_blank_values=True).get(name)
-        return values[-1] if values else None
-
-
-class Reply:
-    __slots__ = ("body", "headers", "media", "status")
-
-    def __init__(self, status: int, data: Any = None, headers: dict[str, str] | None = None):
-        self.status = status
-        self.body = b"" if data is None else _encode(data)
-        self.headers = headers
-        self.media = _JSON
-
-
-def _encode(data: Any) -> bytes:
-    try:
-        return _ENCODER.encode(data).encode()
-    except (TypeError, ValueError):
-        # A payload JSON cannot hold (bytes, NaN: a msgpack task's): shown as text.
-        return _ENCODER.encode(_jsonable(data)).encode()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if value is None or isinstance(value, str | int | float):
-        return value
-    return repr(value)
-
-
-Handler = Callable[[Request], Awaitable[Reply]]
 
 
 def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
-
-
-def _split(scope: Scope) -> list[str]:
-    """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
-    in an id stays inside its segment)."""
-    raw = scope.get("raw_path")
-    if raw is None:
-        path: str = scope["path"]
-        return path.split("/")[1:]
-    segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
-    root = scope.get("root_path", "").rstrip("/")
-    if root:
-        head = root.split("/")[1:]
-        if segments[: len(head)] == head:
-            segments = segments[len(head) :]
-    return segments
 
 
 class Api:
@@ -136,7 +61,7 @@ class Api:
         self._token = token.encode()
         self.max_body = max_body
         self.max_batch_body = max_batch_body
-        self._openapi = _ENCODER.encode(document()).encode()
+        self._openapi = wire.encode(document())
         # (segments with {params}, method -> handler, needs the token, body limit)
         q = "{queue}"
         self.routes: list[tuple[tuple[str, ...], dict[str, Handler], bool, int]] = [
@@ -182,17 +107,8 @@ class Api:
             reply = await self.dispatch(scope, receive)
         except Problem as p:
             reply = self.problem(p)
-        except DelayqError as e:
-            reply = self.problem(self.translate(e))
-        except Exception:
-            log.exception("the HTTP API failed on %s %s", scope["method"], scope["path"])
-            reply = self.problem(
-                Problem(
-                    "internal",
-                    "the API failed on this request; its log has the traceback. Report it "
-                    "with the request that caused it",
-                )
-            )
+        except Exception as e:
+            reply = self.problem(_problem_of(e, scope))
         headers = [(b"content-length", str(len(reply.body)).encode())]
         if reply.body:
             headers.append((b"content-type", reply.media))
@@ -201,24 +117,21 @@ class Api:
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": reply.body})
 
-    def translate(self, e: DelayqError) -> Problem:
-        return from_error(e)
-
     @staticmethod
     def problem(p: Problem) -> Reply:
         reply = Reply(p.status)
         reply.body = p.encode()
-        reply.media = _PROBLEM_JSON
+        reply.media = wire.PROBLEM_MEDIA
         reply.headers = p.headers
         return reply
 
     async def dispatch(self, scope: Scope, receive: Receive) -> Reply:
-        segments = _split(scope)
+        segments = wire.split_path(scope)
         under_v1 = bool(segments) and segments[0] == "v1"
         if under_v1:
             self.authorize(scope)
         for pattern, methods, private, limit in self.routes:
-            params = _match(pattern, segments)
+            params = wire.match(pattern, segments)
             if params is None:
                 continue
             handler = methods.get(scope["method"])
@@ -231,7 +144,7 @@ class Api:
                 )
             if private and not under_v1:
                 self.authorize(scope)
-            body = await _read_body(scope, receive, limit) if limit else b""
+            body = await wire.read_body(scope, receive, limit) if limit else b""
             return await handler(Request(scope, params, body))
         raise Problem(
             "not-found",
@@ -459,74 +372,18 @@ class Api:
                 return
 
 
-def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
-    if len(pattern) != len(segments):
-        return None
-    params = {}
-    for want, got in zip(pattern, segments, strict=True):
-        if want[0] == "{":
-            params[want[1:-1]] = got
-        elif want != got:
-            return None
-    return params
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The body, refused (413) as soon as it is known to be over ``limit``: by its
-    Content-Length before keeping any of it, else once the bytes read pass it. What is left
-    of a refused body is read and dropped (up to DRAIN bytes more), so the client sees the
-    413 rather than a reset connection; a body longer still is refused and the connection
-    closed."""
-    declared = -1
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            declared = int(value) if value.isdigit() else -1
-        elif name == b"content-type":
-            media = value.split(b";", 1)[0].strip().lower()
-            if media != _JSON and not media.endswith(b"+json"):
-                raise Problem(
-                    "unsupported-media-type",
-                    f"the body is {media.decode('latin-1')!r}: send JSON with "
-                    "'Content-Type: application/json'",
-                )
-    if declared > limit:
-        drained = declared - limit <= DRAIN and await _drain(receive, declared)
-        raise _too_large(limit, close=not drained)
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Problem("invalid", "the client went away before the body was read")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        more = message.get("more_body", False)
-        if size > limit:
-            drained = not more or await _drain(receive, DRAIN)
-            raise _too_large(limit, close=not drained)
-        chunks.append(chunk)
-        if not more:
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _drain(receive: Receive, budget: int) -> bool:
-    """Read and drop the rest of a body, at most ``budget`` bytes; True if it all came."""
-    while budget >= 0:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        budget -= len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return budget >= 0
-    return False
-
-
-def _too_large(limit: int, *, close: bool) -> Problem:
+def _problem_of(e: Exception, scope: Scope) -> Problem:
+    """The problem an exception of the Python API means; anything else is a bug (500)."""
+    if isinstance(e, DelayqError):
+        try:
+            return from_error(e)
+        except DelayqError:
+            pass
+    log.error("the HTTP API failed on %s %s", scope["method"], scope["path"], exc_info=e)
     return Problem(
-        "too-large",
-        f"the body is over the limit of {limit:,} bytes: send smaller payloads (store large "
-        "data elsewhere and pass a reference), or split a batch",
-        headers={"connection": "close"} if close else None,
+        "internal",
+        "the API failed on this request; its log has the traceback. Report it with the "
+        "request that caused it",
     )
 
 

@@ -1,0 +1,163 @@
+"""The ASGI side of the HTTP API: the request and reply a handler sees, routing on the raw
+path, and reading a body with a cap.
+
+Requests are routed on the raw path, each segment percent-decoded, so a task id or a watched
+key may hold a ``/`` (sent as ``%2F``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from starlette.types import Receive, Scope
+
+from delayq.http import schemas
+from delayq.http.problems import MEDIA_TYPE, Problem
+
+DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
+JSON_MEDIA = b"application/json"
+PROBLEM_MEDIA = MEDIA_TYPE.encode()
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+class Request:
+    """What a handler is given: the route's parameters, the query, and the body."""
+
+    __slots__ = ("body", "params", "query", "scope")
+
+    def __init__(self, scope: Scope, params: dict[str, str], body: bytes) -> None:
+        self.scope = scope
+        self.params = params
+        self.body = body
+
+    def json(self) -> Any:
+        return schemas.parse_json(self.body)
+
+    def query_param(self, name: str) -> str | None:
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        values = parse_qs(query, keep_blank_values=True).get(name)
+        return values[-1] if values else None
+
+
+class Reply:
+    __slots__ = ("body", "headers", "media", "status")
+
+    def __init__(self, status: int, data: Any = None, headers: dict[str, str] | None = None):
+        self.status = status
+        self.body = b"" if data is None else encode(data)
+        self.headers = headers
+        self.media = JSON_MEDIA
+
+
+def encode(data: Any) -> bytes:
+    try:
+        return _ENCODER.encode(data).encode()
+    except (TypeError, ValueError):
+        # A payload JSON cannot hold (bytes, NaN: a msgpack task's): shown as text.
+        return _ENCODER.encode(jsonable(data)).encode()
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return repr(value)
+
+
+Handler = Callable[[Request], Awaitable[Reply]]
+
+
+def split_path(scope: Scope) -> list[str]:
+    """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
+    in an id stays inside its segment)."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        path: str = scope["path"]
+        return path.split("/")[1:]
+    segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
+    root = scope.get("root_path", "").rstrip("/")
+    if root:
+        head = root.split("/")[1:]
+        if segments[: len(head)] == head:
+            segments = segments[len(head) :]
+    return segments
+
+
+def match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
+    if len(pattern) != len(segments):
+        return None
+    params = {}
+    for want, got in zip(pattern, segments, strict=True):
+        if want[0] == "{":
+            params[want[1:-1]] = got
+        elif want != got:
+            return None
+    return params
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to be over ``limit``: by its
+    Content-Length before keeping any of it, else once the bytes read pass it. What is left
+    of a refused body is read and dropped (up to DRAIN bytes more), so the client sees the
+    413 rather than a reset connection; a body longer still is refused and the connection
+    closed."""
+    declared = -1
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            declared = int(value) if value.isdigit() else -1
+        elif name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media != JSON_MEDIA and not media.endswith(b"+json"):
+                raise Problem(
+                    "unsupported-media-type",
+                    f"the body is {media.decode('latin-1')!r}: send JSON with "
+                    "'Content-Type: application/json'",
+                )
+    if declared > limit:
+        drained = declared - limit <= DRAIN and await drain(receive, declared)
+        raise too_large(limit, close=not drained)
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Problem("invalid", "the client went away before the body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        more = message.get("more_body", False)
+        if size > limit:
+            drained = not more or await drain(receive, DRAIN)
+            raise too_large(limit, close=not drained)
+        chunks.append(chunk)
+        if not more:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def drain(receive: Receive, budget: int) -> bool:
+    """Read and drop the rest of a body, at most ``budget`` bytes; True if it all came."""
+    while budget >= 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return budget >= 0
+    return False
+
+
+def too_large(limit: int, *, close: bool) -> Problem:
+    return Problem(
+        "too-large",
+        f"the body is over the limit of {limit:,} bytes: send smaller payloads (store large "
+        "data elsewhere and pass a reference), or split a batch",
+        headers={"connection": "close"} if close else None,
+    )
