@@ -80,10 +80,11 @@ def split_path(scope: Scope) -> list[str]:
     """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
     in an id stays inside its segment)."""
     raw = scope.get("raw_path")
-    if raw is None:
+    if raw is None:  # (an ASGI server may leave it out: the decoded path, then)
         path: str = scope["path"]
-        return path.split("/")[1:]
-    segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
+        segments = path.split("/")[1:]
+    else:
+        segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
     root = scope.get("root_path", "").rstrip("/")
     if root:
         head = root.split("/")[1:]
