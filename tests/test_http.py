@@ -366,6 +366,9 @@ async def test_queue_stats_as_delayq_info_shows_them(
     out = r.json()
     assert out["queue"] == qname and out["scheduled"] == 2 and out["due"] == 1
     assert out["workers_alive"] == 0 and out["workers"] == [] and out["active"] == 0
+    assert out["paused"] is False
+    sq.pause()
+    assert (await client.get(f"/v1/queues/{qname}")).json()["paused"] is True
 
 
 async def test_a_sharded_queue_is_opened_with_its_stored_count(
@@ -437,7 +440,14 @@ async def test_readyz_pings_and_names_the_queue(client: httpx.AsyncClient, qname
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ready"}
     r = await client.get("/readyz", params={"queue": qname})
-    assert r.status_code == 200 and r.json()["queue"] == qname
+    assert r.status_code == 200 and r.json() == {
+        "status": "ready",
+        "queue": qname,
+        "protocol_version": "",  # nothing written yet
+    }
+    assert (await client.post(f"/v1/queues/{qname}/tasks", json={"kind": "k"})).status_code == 201
+    r = await client.get("/readyz", params={"queue": qname})
+    assert r.json()["protocol_version"].startswith("1.")
     problem(await client.get("/readyz", params={"queue": "no{pe}"}), 422, "invalid")
     problem(await client.get("/readyz?queue="), 422, "invalid")
 

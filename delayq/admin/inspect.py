@@ -191,6 +191,20 @@ def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
     return core.op("finished", {"limit": limit}, [], parse)
 
 
+def overview_ops(shards: Shards) -> list[Op[Any]]:
+    """The script calls of a queue's overview (``delayq info``): every shard's stats and
+    controls, and the workers (registered on shard 0); run them in one round trip (a sync
+    or an asyncio runner's ``run_many``) and give the replies to :func:`overview_of`."""
+    cores = shards.cores
+    return [*(c.stats() for c in cores), shards.home.workers(), *map(read_controls, cores)]
+
+
+def overview_of(shards: Shards, replies: Sequence[Any]) -> QueueOverview:
+    """The overview from the replies of :func:`overview_ops`, in their order."""
+    n = shards.n
+    return QueueOverview(add_stats(replies[:n]), replies[n], merged(replies[n + 1 : 2 * n + 1]))
+
+
 # -- the inspector -----------------------------------------------------------------------------
 
 
@@ -293,16 +307,14 @@ class Admin:
         if not queues:
             return []
         ops: list[Op[Any]] = []
-        for q in queues:  # every shard's stats and controls, the workers (on shard 0)
-            cores = q.shards.cores
-            ops += [*(c.stats() for c in cores), q.core.workers(), *map(read_controls, cores)]
+        for q in queues:
+            ops += overview_ops(q.shards)
         replies = self.runner.run_many(ops)
         out, i = [], 0
         for q in queues:
-            n = q.shards.n
-            stats, workers = add_stats(replies[i : i + n]), replies[i + n]
-            out.append(QueueOverview(stats, workers, merged(replies[i + n + 1 : i + 2 * n + 1])))
-            i += 2 * n + 1
+            n = len(overview_ops(q.shards))
+            out.append(overview_of(q.shards, replies[i : i + n]))
+            i += n
         return out
 
     def overview(self, name: str) -> QueueOverview:

@@ -18,7 +18,7 @@ import redis.asyncio as aredis
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from delayq.admin.inspect import QueueOverview
+from delayq.admin.inspect import overview_of, overview_ops
 from delayq.admin.present import task_dict
 from delayq.connection import RETRIES, async_client, resolve_url
 from delayq.core import new_task_ids, validate_task_id
@@ -221,15 +221,13 @@ class Api:
             request.params["queue"] = name
             q = await self.queue(request)
             out["queue"] = q.name
-            version = await protocol_version(q)
-            if version is not None:
-                out["protocol_version"] = version
+            out["protocol_version"] = await protocol_version(q)
         return Reply(200, out)
 
     async def stats(self, request: Request) -> Reply:
         async def work(q: AsyncQueue) -> Reply:
-            stats = await q.stats()
-            return Reply(200, QueueOverview(stats, await q.workers()).as_dict())
+            replies = await q.runner.run_many(overview_ops(q.shards))
+            return Reply(200, overview_of(q.shards, replies).as_dict())
 
         return await self.run(request, work)
 

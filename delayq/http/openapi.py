@@ -190,6 +190,9 @@ _STATS = {
         "expiry_mode",
         "workers_alive",
         "workers",
+        "paused",
+        "rate_limit",
+        "throttle_backlog_s",
     ],
     "properties": {
         "queue": {"type": "string"},
@@ -207,6 +210,19 @@ _STATS = {
         "counters": {"type": "object", "additionalProperties": {"type": "integer"}},
         "now": _ISO,
         "expiry_mode": {"type": ["string", "null"]},
+        "paused": {"type": "boolean", "description": "No task is claimed while paused."},
+        "rate_limit": {
+            "type": ["object", "null"],
+            "properties": {
+                "rate": {"type": "string"},
+                "per_second": {"type": "number"},
+                "burst": {"type": "number"},
+            },
+        },
+        "throttle_backlog_s": {
+            "type": ["number", "null"],
+            "description": "Seconds the rate limit needs for the tasks due now.",
+        },
         "workers_alive": {"type": "integer"},
         "workers": {"type": "array", "items": _WORKER},
     },
@@ -409,7 +425,11 @@ def document() -> dict[str, Any]:
                             "properties": {
                                 "status": {"const": "ready"},
                                 "queue": {"type": "string"},
-                                "protocol_version": {},
+                                "protocol_version": {
+                                    "type": "string",
+                                    "description": "With `queue`: its protocol version "
+                                    "(empty: none stored yet, protocol 1).",
+                                },
                             },
                         },
                         "Ready.",

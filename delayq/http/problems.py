@@ -17,6 +17,7 @@ from delayq.errors import (
     DurabilityError,
     InvalidTaskError,
     PayloadTooLarge,
+    ProtocolVersionError,
 )
 
 MEDIA_TYPE = "application/problem+json"
@@ -115,6 +116,8 @@ def from_error(e: Exception, pointer: str = "", **extra: Any) -> Problem:
             "is left as it is",
             **extra,
         )
+    if isinstance(e, ProtocolVersionError):
+        return Problem("unavailable", str(e))
     if isinstance(e, ConfigurationError):
         # A queue being resharded, or split differently since it was opened.
         return Problem(

@@ -4,7 +4,6 @@ count the queue stored, on one shared connection pool, and cached."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -74,15 +73,8 @@ class Queues:
             raise translate(e, self.client) from None
 
 
-async def protocol_version(queue: AsyncQueue) -> Any | None:
-    """The queue's protocol version, for /readyz; None when it cannot be told.
-
-    This is the one place that asks: it will call ``AsyncQueue.protocol_version()`` once
-    that method lands. Until then it uses the attribute when the queue has one.
-    """
-    found = getattr(queue, "protocol_version", None)
-    if callable(found):
-        found = found()
-        if hasattr(found, "__await__"):
-            found = await found
-    return found
+async def protocol_version(queue: AsyncQueue) -> str:
+    """The queue's protocol version, for /readyz: ``AsyncQueue.protocol_version()``, read on
+    every call (``""`` when the queue has none stored yet: it speaks protocol 1). A queue of
+    another protocol major raises ProtocolVersionError (a 503: not ready)."""
+    return await queue.protocol_version()
