@@ -460,7 +460,7 @@ async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
     return Problem(
         "conflict",
         f"task {tid!r} is {info.state}: only a waiting task can be {what}"
-        + ("; schedule it again with replace=true" if info.state in ("done", "dead") else ""),
+        + ("; schedule it again with replace=true" if info.state != "active" else ""),
         state=info.state,
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from delayq.http import schemas
 from delayq.http.problems import MEDIA_TYPE, TYPE_BASE, TYPES
+from delayq.task import STATES
 
 VERSION = "1.0.0"
 
@@ -143,7 +144,7 @@ _TASK = {
     "properties": {
         "id": {"type": "string"},
         "queue": {"type": "string"},
-        "state": {"type": "string", "enum": ["scheduled", "active", "done", "dead"]},
+        "state": {"type": "string", "enum": list(STATES)},
         "kind": {"type": "string"},
         "payload": {},
         "headers": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -201,6 +202,7 @@ _STATS = {
         "active": {"type": "integer", "description": "Tasks running."},
         "dead": {"type": "integer"},
         "done": {"type": "integer", "description": "Finished, within the dedupe window."},
+        "aborted": {"type": "integer", "description": "Aborted, within the dedupe window."},
         "oldest_due_age": {
             "type": "number",
             "description": "Seconds the oldest due task has waited.",
