@@ -24,7 +24,17 @@ import time
 from pathlib import Path
 
 import httpx
-from common import ROOT, Report, client, fresh_server, proc_cpu, short_version, stop_pid
+import redis
+from common import (
+    ROOT,
+    Report,
+    client,
+    fresh_server,
+    proc_cpu,
+    server_cpu,
+    short_version,
+    stop_pid,
+)
 
 from delayq.embedded import free_port
 
@@ -107,12 +117,10 @@ def run(rep: Report) -> None:
             base = f"http://127.0.0.1:{port}"
             _wait(base, api)
             rep.line(f"server {short_version(srv)} (AOF everysec); one delayq api process")
-            single(rep, base, api, Path(tmp), seconds)
-            batch(rep, base, api, Path(tmp), seconds)
             meter = client(srv.url)
             try:
-                info = meter.info("keyspace")
-                rep.line(f"server keyspace after the runs: {info}")
+                single(rep, base, api, meter, Path(tmp), seconds)
+                batch(rep, base, api, meter, Path(tmp), seconds)
             finally:
                 meter.close()
         finally:
@@ -134,21 +142,30 @@ def _wait(base: str, api: subprocess.Popen[bytes]) -> None:
 
 
 def _measure(
-    rep: Report, api: subprocess.Popen[bytes], url: str, script: str, conns: int, seconds: int
+    rep: Report,
+    api: subprocess.Popen[bytes],
+    meter: redis.Redis,
+    url: str,
+    script: str,
+    conns: int,
+    seconds: int,
 ) -> tuple[float, int]:
     _wrk(url, script, conns, 1)  # warm up: connections, the script loaded, the queue opened
     cpu0, wrk0, t0 = proc_cpu(api.pid), _children_cpu(), time.monotonic()
+    srv0 = server_cpu(meter)
     rate, total, bad, _ = _wrk(url, script, conns, seconds)
     wall = time.monotonic() - t0
     api_cpu, wrk_cpu = proc_cpu(api.pid) - cpu0, _children_cpu() - wrk0
+    srv_cpu = server_cpu(meter) - srv0
     rep.line(
         f"  {total:,} requests in {seconds} s over {conns} connections: {rate:,.0f}/s; "
         f"non-2xx {bad}"
     )
     rep.line(
         f"  CPU: delayq api {100 * api_cpu / wall:.0f}% ({1e6 * api_cpu / total:,.0f} us a "
-        f"request), wrk {100 * wrk_cpu / wall:.0f}%; machine load {os.getloadavg()[0]:.1f} "
-        f"on {os.cpu_count()} cores"
+        f"request), server {100 * srv_cpu / wall:.0f}% ({1e6 * srv_cpu / total:,.0f} us), wrk "
+        f"{100 * wrk_cpu / wall:.0f}%; machine load {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
     )
     rep.figure(f"api_cpu_us_per_request_c{conns}", round(1e6 * api_cpu / total))
     if bad:
@@ -161,24 +178,38 @@ def _children_cpu() -> float:
     return t.children_user + t.children_system
 
 
-def single(rep: Report, base: str, api: subprocess.Popen[bytes], tmp: Path, seconds: int) -> None:
+def single(
+    rep: Report,
+    base: str,
+    api: subprocess.Popen[bytes],
+    meter: redis.Redis,
+    tmp: Path,
+    seconds: int,
+) -> None:
     queue = f"http-{secrets.token_hex(3)}"
     body = {"kind": "order.close", "payload": {"order": 123456, "user": 42}, "delay": 3600}
     script = _script(tmp / "single.lua", body)
     rep.line(f"single POST /v1/queues/{queue}/tasks, body {json.dumps(body)}")
     url = f"{base}/v1/queues/{queue}/tasks"
-    rate, _ = _measure(rep, api, url, script, CONNECTIONS, seconds)
+    rate, _ = _measure(rep, api, meter, url, script, CONNECTIONS, seconds)
     rep.figure("single_requests_per_s", round(rate))
     rep.bar("single POST schedule", rate, ">=", SINGLE_BAR, "requests/s")
 
 
-def batch(rep: Report, base: str, api: subprocess.Popen[bytes], tmp: Path, seconds: int) -> None:
+def batch(
+    rep: Report,
+    base: str,
+    api: subprocess.Popen[bytes],
+    meter: redis.Redis,
+    tmp: Path,
+    seconds: int,
+) -> None:
     queue = f"http-batch-{secrets.token_hex(3)}"
     task = {"kind": "order.close", "payload": {"order": 123456, "user": 42}, "delay": 3600}
     script = _script(tmp / "batch.lua", {"tasks": [task] * BATCH})
     rep.line(f"batch POST /v1/queues/{queue}/tasks/batch, {BATCH} tasks a request")
     url = f"{base}/v1/queues/{queue}/tasks/batch"
-    rate, _ = _measure(rep, api, url, script, BATCH_CONNECTIONS, seconds)
+    rate, _ = _measure(rep, api, meter, url, script, BATCH_CONNECTIONS, seconds)
     tasks = rate * BATCH
     rep.figure("batch_tasks_per_s", round(tasks))
     rep.bar("batch POST schedule", tasks, ">=", BATCH_BAR, "tasks/s")
