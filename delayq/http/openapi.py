@@ -474,7 +474,12 @@ def document() -> dict[str, Any]:
                 "Batch": _body(
                     schemas.BATCH,
                     properties={
-                        "tasks": dict(schemas.TASKS.schema, items=_ref("BatchTask")),
+                        "tasks": dict(
+                            schemas.TASKS.schema,
+                            items=_ref("BatchTask"),
+                            description="The tasks; each `id` given must differ from the "
+                            "others' (a repeated one is a 422).",
+                        ),
                         "replace": dict(schemas.REPLACE.schema),
                         "durable": dict(schemas.DURABLE.schema),
                     },
