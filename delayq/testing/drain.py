@@ -134,6 +134,13 @@ class InlineThreads(HandlerThreads):
 
 
 def _clock_of(worker: Worker) -> VirtualClock:
+    if len(worker.queues) > 1:
+        names = ", ".join(repr(q.name) for q in worker.queues)
+        raise ConfigurationError(
+            f"drain() runs a worker of one queue; this one serves {names}: in a test, build "
+            "a Worker per queue (the same handler functions registered on each) and drain "
+            "each"
+        )
     clock = worker.queue.core.clock
     if not isinstance(clock, VirtualClock):
         raise ConfigurationError(

@@ -6,6 +6,10 @@ its due time, runs its handler, and hands the outcome to the Finisher; it is for
 that write is confirmed, or at once if its lease is lost. Runs are tracked as objects, not
 by task id alone: a worker can re-claim a task whose earlier run here lost its lease
 (stalled past it), and the two runs must not be confused.
+
+A worker of several queues has one *lane* per queue (:meth:`Runs.add_lane`): its executor
+(handlers), its Finisher and its map of held leases, since the same task id may be held in
+two queues at once. The slots are shared: concurrency is the worker's, not a queue's.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from itertools import repeat
 from typing import Any
 
 from delayq.leasing import Claimed
@@ -42,6 +47,7 @@ class Run:
         "due_now",
         "finishing",
         "handle",
+        "lane",
         "lost",
         "queued_at",
         "slot",
@@ -49,8 +55,9 @@ class Run:
         "timer",
     )
 
-    def __init__(self, claimed: Claimed) -> None:
+    def __init__(self, claimed: Claimed, lane: int = 0) -> None:
         self.claimed = claimed
+        self.lane = lane  # the queue it was claimed from (Runs.add_lane)
         self.slot = True  # holds one of the worker's concurrency slots
         self.queued_at = 0.0  # time.monotonic() when it began to wait for a slot
         self.due_now = False  # already due when claimed: no timer to work out
@@ -83,6 +90,11 @@ class Runs:
         # id -> token: what the heartbeat extends. A run leaves it once its outcome is handed
         # to the Finisher: a lease is never extended for a result that cannot be written.
         self.leases: dict[str, int] = {}
+        # Per lane (queue); lane 0 is the attributes above.
+        self.executors = [executor]
+        self.finishers = [finisher]
+        self.by_ids = [self.by_id]
+        self.leases_of = [self.leases]
         self.running: set[Run] = set()  # handlers executing, superseded ones included
         self.queued: deque[Run] = deque()  # claimed ahead, waiting for a slot
         self.busy = 0  # slots taken: claimed and not finished
@@ -94,6 +106,24 @@ class Runs:
         # finished); empty when no handler has a cap, and then nothing is counted.
         self.caps: dict[str, int] = dict(caps or {})
         self.of_kind: dict[str, set[Run]] = {kind: set() for kind in self.caps}
+        # Per lane: a cap is a queue's handler's (lane 0 is the two above).
+        self.caps_of = [self.caps]
+        self.of_kind_of = [self.of_kind]
+        self.capped = bool(self.caps)  # some lane has a capped kind: runs are counted
+
+    def add_lane(
+        self, executor: Executor, finisher: Finisher, caps: dict[str, int] | None = None
+    ) -> int:
+        """Another queue's executor, Finisher and per-kind caps; returns its lane, for
+        :meth:`start_many` and the Finisher's and heartbeat's callbacks."""
+        self.executors.append(executor)
+        self.finishers.append(finisher)
+        self.by_ids.append({})
+        self.leases_of.append({})
+        self.caps_of.append(dict(caps or {}))
+        self.of_kind_of.append({kind: set() for kind in caps or {}})
+        self.capped = self.capped or bool(caps)
+        return len(self.executors) - 1
 
     @property
     def held(self) -> int:
@@ -126,39 +156,45 @@ class Runs:
             return 0
         return free
 
-    def held_of_kind(self) -> dict[str, int]:
-        """Kind -> runs of it held, for the kinds with a cap."""
-        return {kind: len(runs) for kind, runs in self.of_kind.items()}
+    def held_of_kind(self, lane: int = 0) -> dict[str, int]:
+        """Kind -> runs of it held, for the kinds with a cap (on the queue of ``lane``)."""
+        return {kind: len(runs) for kind, runs in self.of_kind_of[lane].items()}
 
     def _uncount(self, run: Run) -> None:
-        held = self.of_kind.get(run.claimed.header.kind)
+        held = self.of_kind_of[run.lane].get(run.claimed.header.kind)
         if held is not None:
             held.discard(run)
 
     def start(self, claimed: Claimed) -> None:
         self.start_many([claimed])
 
-    def start_many(self, batch: list[Claimed], server_now_ms: int | None = None) -> None:
+    def start_many(
+        self,
+        batch: list[Claimed],
+        server_now_ms: int | None = None,
+        lanes: Sequence[int] | None = None,
+    ) -> None:
         """Take in a claim's tasks: each starts, or waits for a slot. ``server_now_ms`` (the
-        claim's server time) spares working out a timer for tasks already due."""
+        claim's server time) spares working out a timer for tasks already due. ``lanes``:
+        each task's lane (the queue it came from), all lane 0 when None."""
         queued_at = time.monotonic()
-        of_kind = self.of_kind
-        for claimed in batch:
-            earlier = self.by_id.get(claimed.id)
+        for claimed, lane in zip(batch, lanes or repeat(0), strict=False):
+            by_id = self.by_ids[lane]
+            earlier = by_id.get(claimed.id)
             if earlier is not None:
                 if earlier.finishing:
                     # Its result (say, a release to a new due time) is written but not yet
                     # confirmed here; the server moved on, and so do we.
-                    del self.by_id[claimed.id]
+                    del by_id[claimed.id]
                 else:
                     self._lose(earlier)  # we re-claimed it: that run's lease is gone
-            run = Run(claimed)
-            if of_kind and (held := of_kind.get(claimed.header.kind)) is not None:
+            run = Run(claimed, lane)
+            if self.capped and (held := self.of_kind_of[lane].get(claimed.header.kind)) is not None:
                 held.add(run)
             due = claimed.header.due_ms
             run.due_now = due is None or (server_now_ms is not None and due <= server_now_ms)
-            self.by_id[claimed.id] = run
-            self.leases[claimed.id] = claimed.token
+            by_id[claimed.id] = run
+            self.leases_of[lane][claimed.id] = claimed.token
             if self.concurrency is not None and self.busy >= self.concurrency:
                 run.slot = False
                 run.queued_at = queued_at
@@ -223,7 +259,9 @@ class Runs:
         claimed = run.claimed
         t0 = time.perf_counter()
         try:
-            outcome = await self.executor.run(claimed, lambda task: self._started(run, task))
+            outcome = await self.executors[run.lane].run(
+                claimed, lambda task: self._started(run, task)
+            )
             took = time.perf_counter() - t0
             mean = self.service_s
             self.service_s = took if mean is None else mean + (took - mean) * SERVICE_WEIGHT
@@ -255,7 +293,7 @@ class Runs:
     def _free_slot(self, run: Run) -> None:
         """Give back the run's concurrency slot, exactly once: to the next run claimed
         ahead, or to the claim loop."""
-        if self.of_kind:
+        if self.capped:
             self._uncount(run)  # (before the slot check: a run lost while queued has none)
         if not run.slot:
             return
@@ -277,17 +315,19 @@ class Runs:
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
         run.finishing = True
-        if self.by_id.get(run.claimed.id) is run:
-            self.leases.pop(run.claimed.id, None)
-        self.finisher.add(outcome)
+        lane = run.lane
+        if self.by_ids[lane].get(run.claimed.id) is run:
+            self.leases_of[lane].pop(run.claimed.id, None)
+        self.finishers[lane].add(outcome)
 
-    def written(self, outcomes: list[Outcome], refused: set[str]) -> None:
-        """The Finisher's callback: these results are stored (or refused)."""
+    def written(self, outcomes: list[Outcome], refused: set[str], lane: int = 0) -> None:
+        """The Finisher's callback: these results (of ``lane``) are stored (or refused)."""
+        by_id, leases = self.by_ids[lane], self.leases_of[lane]
         for o in outcomes:
-            run = self.by_id.get(o.id)
+            run = by_id.get(o.id)
             if run is not None and run.claimed.token == o.token:
-                del self.by_id[o.id]
-                self.leases.pop(o.id, None)
+                del by_id[o.id]
+                leases.pop(o.id, None)
             if o.id in refused:
                 log.warning(
                     "result %r of task %s was refused: the lease was lost (expired, taken "
@@ -296,30 +336,32 @@ class Runs:
                     o.id,
                 )
 
-    def dropped(self, outcomes: list[Outcome]) -> None:
+    def dropped(self, outcomes: list[Outcome], lane: int = 0) -> None:
         """The Finisher's callback: these results could not be written and were given up.
         Their leases end on their own (they are not extended), and the tasks run again."""
+        by_id, leases = self.by_ids[lane], self.leases_of[lane]
         for o in outcomes:
-            run = self.by_id.get(o.id)
+            run = by_id.get(o.id)
             if run is not None and run.claimed.token == o.token:
-                del self.by_id[o.id]
-                self.leases.pop(o.id, None)
+                del by_id[o.id]
+                leases.pop(o.id, None)
 
-    def leases_lost(self, lost: list[tuple[str, int]]) -> None:
-        """The heartbeat's callback: these leases (id, token) are no longer ours. Matched by
-        token: a newer claim of the same task is a different, valid lease."""
+    def leases_lost(self, lost: list[tuple[str, int]], lane: int = 0) -> None:
+        """The heartbeat's callback: these leases (id, token) of ``lane`` are no longer ours.
+        Matched by token: a newer claim of the same task is a different, valid lease."""
+        by_id = self.by_ids[lane]
         for tid, token in lost:
-            run = self.by_id.get(tid)
+            run = by_id.get(tid)
             if run is not None and run.claimed.token == token and not run.finishing:
                 self._lose(run)
 
-    def abort(self, task_id: str, token: int | None = None) -> bool:
+    def abort(self, task_id: str, token: int | None = None, lane: int = 0) -> bool:
         """The task was aborted (``queue.abort``: the waker heard it, or the heartbeat found
         the lease gone to an abort): stop this worker's run of it, of the claim ``token``
         only when given. Its handler is cancelled, or, in a thread, sees ``task.aborted``;
         nothing is written for it (the abort took its lease). Returns whether a run here
-        was stopped."""
-        run = self.by_id.get(task_id)
+        was stopped. ``lane``: the queue it was aborted on."""
+        run = self.by_ids[lane].get(task_id)
         if run is None or run.finishing or (token is not None and run.claimed.token != token):
             return False  # not held here, or its result is already on its way (refused)
         self._lose(run, aborted=True)
@@ -332,9 +374,10 @@ class Runs:
         else:
             log.warning("lease of task %s lost; stopping its handler", tid)
         run.lost = True
-        if self.by_id.get(tid) is run:
-            del self.by_id[tid]
-            self.leases.pop(tid, None)
+        by_id = self.by_ids[run.lane]
+        if by_id.get(tid) is run:
+            del by_id[tid]
+            self.leases_of[run.lane].pop(tid, None)
         if run.task is not None:
             if aborted:
                 mark_aborted(run.task)  # (lease_lost is set too)
@@ -357,7 +400,7 @@ class Runs:
             self._uncount(run)
             if not run.lost:
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
-        for run in list(self.by_id.values()):
+        for run in [r for by_id in self.by_ids for r in by_id.values()]:
             if run.timer is not None:
                 run.timer.cancel()
                 run.timer = None

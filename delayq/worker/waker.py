@@ -28,8 +28,9 @@ class Waker:
     def __init__(self, client: Any, channel: str, shard_channels: tuple[str, ...] = ()) -> None:
         self.client = client
         self.channel = channel
-        # A sharded queue: one wake channel per shard (the first is ``channel``); the claim
-        # loop visits the shards announced since its last claim (``woken``).
+        # Several sources (the shards of a sharded queue, the queues of a worker of several,
+        # each of their shards): one wake channel each, in the claim loop's order; the claim
+        # loop visits the sources announced since its last claim (``woken``).
         self.wake_channels = {c.encode(): i for i, c in enumerate(shard_channels or (channel,))}
         self.woken: set[int] = set()
         # Other channels heard on the same connection (the expiry bell), and what to run
@@ -41,6 +42,7 @@ class Waker:
         self.hint_ms: int | None = None  # earliest due time announced since the last claim
         # Told (task id, lease token) of each running task aborted (queue.abort).
         self.on_abort: Callable[[str, int], object] | None = None
+        self.heard_from = 0  # the source (index in the wake channels) of the last message
 
     def poke(self) -> None:
         self.poked = True
@@ -73,6 +75,7 @@ class Waker:
                     shard = self.wake_channels.get(channel)
                     if shard is not None:
                         self.woken.add(shard)
+                        self.heard_from = shard  # whose abort message, if it is one
                         self._note(msg["data"])
                     else:
                         name = channel.decode() if isinstance(channel, bytes) else channel

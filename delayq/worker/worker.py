@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import json
 import logging
 import math
@@ -21,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -42,9 +41,19 @@ from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
-from delayq.worker.outcome import Finisher
+from delayq.worker.outcome import Finisher, Outcome
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
 from delayq.worker.runs import Runs
+from delayq.worker.sources import (
+    REGISTER_EVERY_S,
+    REREGISTER_EVERY_S,
+    QueueLike,
+    Registration,
+    Source,
+    checked_queues,
+    interleave,
+    interleave_lanes,
+)
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 from delayq.worker.waker import Waker
@@ -52,9 +61,6 @@ from delayq.worker.waker import Waker
 log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
-REGISTER_EVERY_S = 5.0
-# An unchanged registration is sent as "" (one ZADD); the whole of it at least this often.
-REREGISTER_EVERY_S = 60.0
 WORKER_SOCKET_TIMEOUT_S = 5.0
 # One handler thread per slot is started up front: beyond this, more processes serve better.
 MAX_CONCURRENCY = 10_000
@@ -84,16 +90,14 @@ def _checked_lease(lease: float | timedelta) -> float:
     return lease_s
 
 
-def interleave(batches: list[list[Claimed]]) -> list[Claimed]:
-    """One from each batch in turn: [a1, b1, a2, b2, a3]."""
-    return [c for row in itertools.zip_longest(*batches) for c in row if c is not None]
-
-
 class Worker:
-    """Runs the handlers of one queue.
+    """Runs the handlers of one queue, or of several.
 
     Args:
-        queue: the :class:`Queue` or :class:`AsyncQueue` to work on.
+        queue: the :class:`Queue` or :class:`AsyncQueue` to work on, or a list of them (on
+            one server): ``Worker([orders, emails])``. The worker's slots are shared, and
+            claims are split fairly between the queues (docs/concepts.md, "Several queues
+            in one worker"); handlers are registered per queue with ``queue=``.
         concurrency: most handlers running at once (also the thread pool's size).
         lease: seconds (or a timedelta) a claim is valid without a heartbeat; a crashed
             worker's tasks run again this long after its last heartbeat.
@@ -113,7 +117,7 @@ class Worker:
 
     def __init__(
         self,
-        queue: Queue | AsyncQueue,
+        queue: QueueLike | Sequence[QueueLike],
         *,
         concurrency: int = 16,
         lease: float | timedelta = 30,
@@ -123,15 +127,20 @@ class Worker:
         client: Any = None,
         configure_notifications: bool = True,
     ) -> None:
-        self.queue = queue
-        self.core = queue.core
+        self.queues = checked_queues(queue)
+        self.queue = self.queues[0]  # the first: the only one, usually
+        self.core = self.queue.core
         self.concurrency = _checked_concurrency(concurrency)
         self.lease_s = _checked_lease(lease)
         self.grace_s = seconds(grace, "grace")
         self.lookahead_s = seconds(lookahead, "lookahead")
         self.max_wait_s = seconds(max_wait, "max_wait")
         self._client_arg = client
-        self.registry = Registry()
+        # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
+        self.registries = [Registry() for _ in self.queues]
+        self.registry = self.registries[0]
+        for r in self.registries[1:]:
+            r.on_dead = self.registry.on_dead
         self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
         self._stopping: asyncio.Event | None = None  # events are made on the serving loop
         self._force: asyncio.Event | None = None
@@ -142,17 +151,19 @@ class Worker:
         self.clock = ServerClock()
         self.events = Events()
         self.expiry = ExpiryWatcher(configure=configure_notifications)
+        self._expiry_lane: int | None = None  # the queue whose keys on_expire watches
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
-        # Run in order once serving has begun: on_startup's and the extensions' own (cron).
-        self._startup: list[StartupHook] = []
+        # Run in order once serving has begun: on_startup's and the extensions' own (cron),
+        # per queue (each awaited with its queue's context; on_startup's go with the first).
+        self._startups: list[list[StartupHook]] = [[] for _ in self.queues]
+        self._startup = self._startups[0]
+        self._schedules: dict[int, Schedules] = {}
         self._middleware: list[Middleware] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
-        self._registered_at = -REGISTER_EVERY_S
-        self._registered_info = ""  # the last whole registration sent, and when
-        self._registered_full_at = -REREGISTER_EVERY_S
-        # Per shard: until when (loop time) the rate limit holds its claims back. Neither a
+        self._registered = [Registration() for _ in self.queues]
+        # Per source: until when (loop time) the rate limit holds its claims back. Neither a
         # poke (a handler finished) nor a wake-up ends it: a claim could take no more (and
         # a claim's own wake-up would wake this worker again).
         self._throttled_until: dict[int, float] = {}
@@ -168,6 +179,7 @@ class Worker:
         jitter: float | None = None,
         timeout: float | timedelta | None = None,
         concurrency: int | None = None,
+        queue: QueueLike | str | None = None,
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Register the decorated function (sync or async) as the handler of ``kind``.
 
@@ -183,7 +195,10 @@ class Worker:
             concurrency: at most this many tasks of ``kind`` held by this worker at once
                 (running, or claimed and waiting to start); the rest stay scheduled, for
                 other workers (default: only the worker's ``concurrency`` bounds them).
+            queue: the worker's queue (or its name) whose tasks of ``kind`` it runs; by
+                default every queue of the worker's (the only one, usually).
         """
+        lanes = self._lanes(queue)
         options: dict[str, Any] = {"max_attempts": max_attempts, "timeout": timeout}
         if concurrency is not None:
             options["concurrency"] = controls.checked_concurrency(
@@ -195,22 +210,72 @@ class Worker:
             options["jitter"] = jitter
 
         def register(fn: HandlerFn) -> HandlerFn:
-            self.registry.add(make_handler(kind, fn, **options))
+            handler = make_handler(kind, fn, **options)
+            taken = [self.queues[i].name for i in lanes if self.registries[i].get(kind)]
+            if taken:  # checked first: nothing half-registered
+                where = f" on queue {taken[0]!r}" if len(self.queues) > 1 else ""
+                raise ConfigurationError(f"a handler for {kind!r} is already registered{where}")
+            for i in lanes:
+                self.registries[i].add(handler)
             return fn
 
         return register
 
+    def _lane(self, queue: QueueLike | str) -> int:
+        """The index of one of the worker's queues, given as itself or by name."""
+        for i, q in enumerate(self.queues):
+            if (
+                q is queue
+                or q.name == queue
+                or (isinstance(queue, (Queue, AsyncQueue)) and q.name == queue.name)
+            ):
+                return i
+        name = queue.name if isinstance(queue, (Queue, AsyncQueue)) else queue
+        raise ConfigurationError(
+            f"queue={name!r} is not one of this worker's queues "
+            f"({', '.join(repr(q.name) for q in self.queues)}): pass one of them"
+        )
+
+    def _lanes(self, queue: QueueLike | str | None) -> list[int]:
+        return list(range(len(self.queues))) if queue is None else [self._lane(queue)]
+
+    def _one_lane(self, queue: QueueLike | str | None, what: str) -> int:
+        """The queue a cron schedule or an expiry callback belongs to: ``queue=``, else the
+        only one; a worker of several queues must be told which."""
+        if queue is not None:
+            return self._lane(queue)
+        if len(self.queues) > 1:
+            raise ConfigurationError(
+                f"this worker serves several queues ({', '.join(q.name for q in self.queues)}):"
+                f" pass queue= to {what} to say which queue it belongs to"
+            )
+        return 0
+
     def on_expire(
-        self, pattern: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+        self,
+        pattern: str,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: QueueLike | str | None = None,
     ) -> Callable[[ExpireFn], ExpireFn]:
         """Call the decorated function (sync or async) with an :class:`Expired` when a key
         matching ``pattern`` (``*``, ``?``, ``[...]`` as in Redis) expires; keys set with
         ``queue.expiring.set`` are guaranteed, others best-effort. Outcomes follow the
-        handler rules: raise to retry, ``Fail`` for the dead set."""
+        handler rules: raise to retry, ``Fail`` for the dead set. A worker of several queues
+        watches the keys of one of them: name it with ``queue=``."""
+        lane = self._one_lane(queue, "on_expire")
+        if self._expiry_lane is not None and lane != self._expiry_lane:
+            raise ConfigurationError(
+                f"on_expire callbacks of this worker already watch queue "
+                f"{self.queues[self._expiry_lane].name!r}: a worker watches the keys of one "
+                "queue (run another worker for the other queue's keys)"
+            )
+        registry = self.registries[lane]
 
         def register(fn: ExpireFn) -> ExpireFn:
-            if self.registry.get(EXPIRE_KIND) is None:
-                self.registry.add(
+            self._expiry_lane = lane
+            if registry.get(EXPIRE_KIND) is None:
+                registry.add(
                     make_handler(
                         EXPIRE_KIND, self.expiry.handle, max_attempts=max_attempts, internal=True
                     )
@@ -220,22 +285,37 @@ class Worker:
 
         return register
 
-    def cron(self, expression: str, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
+    def cron(
+        self, expression: str, *, queue: QueueLike | str | None = None, **options: Any
+    ) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function at each time a cron expression matches, once across all
         workers: ``@worker.cron("0 2 * * *", tz="Asia/Shanghai", name="daily-report")``.
-        Options (catch_up, max_running, ...): :meth:`delayq.cron.worker.Schedules.cron`."""
-        return self.schedules.cron(expression, **options)
+        Options (catch_up, max_running, ...): :meth:`delayq.cron.worker.Schedules.cron`.
+        A worker of several queues keeps the schedule on the one named by ``queue=``."""
+        return self.schedules_of(queue, "cron").cron(expression, **options)
 
-    def every(self, *interval: Any, **options: Any) -> Callable[[HandlerFn], HandlerFn]:
+    def every(
+        self, *interval: Any, queue: QueueLike | str | None = None, **options: Any
+    ) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function every interval, once across all workers:
         ``@worker.every(minutes=5, name="sweep")`` or ``@worker.every(timedelta(...))``.
-        Options: :meth:`delayq.cron.worker.Schedules.every`."""
-        return self.schedules.every(*interval, **options)
+        Options: :meth:`delayq.cron.worker.Schedules.every`. A worker of several queues
+        keeps the schedule on the one named by ``queue=``."""
+        return self.schedules_of(queue, "every").every(*interval, **options)
 
-    @functools.cached_property
+    @property
     def schedules(self) -> Schedules:
-        """The periodic schedules declared with :meth:`cron` and :meth:`every`."""
-        return Schedules(self.registry, self._startup)
+        """The periodic schedules declared with :meth:`cron` and :meth:`every` (on the first
+        queue; :meth:`schedules_of` for another)."""
+        return self.schedules_of(self.queue)
+
+    def schedules_of(self, queue: QueueLike | str | None, what: str = "cron") -> Schedules:
+        """The periodic schedules kept on one of the worker's queues (``None``: the only
+        one)."""
+        lane = self._one_lane(queue, what)
+        if lane not in self._schedules:
+            self._schedules[lane] = Schedules(self.registries[lane], self._startups[lane])
+        return self._schedules[lane]
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register ``async def fn(task, call_next)`` around every handler invocation: a
@@ -269,29 +349,31 @@ class Worker:
         """The functions given to :meth:`on_startup`, in order (a copy)."""
         return [h.fn for h in self._startup if isinstance(h, _WorkerHook)]
 
-    def _registration_due(self) -> tuple[str, str]:
+    def _registration_due(self, lane: int = 0) -> tuple[str, str]:
         """Register with this claim only every REGISTER_EVERY_S, and send the registration
         itself only when it changed (or once a minute): an idle worker's registration is
         then one ZADD every few seconds."""
         now = time.monotonic()
-        if now - self._registered_at < REGISTER_EVERY_S:
+        reg = self._registered[lane]
+        if now - reg.at < REGISTER_EVERY_S:
             return "", ""
-        self._registered_at = now
-        info = self.registration()
-        if info == self._registered_info and now - self._registered_full_at < REREGISTER_EVERY_S:
+        reg.at = now
+        info = self.registration(lane)
+        if info == reg.info and now - reg.full_at < REREGISTER_EVERY_S:
             return self.id, ""
-        self._registered_info, self._registered_full_at = info, now
+        reg.info, reg.full_at = info, now
         return self.id, info
 
-    def registration(self) -> str:
-        """What this worker publishes about itself on every claim and heartbeat."""
+    def registration(self, lane: int = 0) -> str:
+        """What this worker publishes about itself on every claim and heartbeat (on the
+        queue of ``lane``: its kinds are that queue's)."""
         return json.dumps(
             {
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "concurrency": self.concurrency,
                 "in_flight": self.runs.busy if self._ctx is not None else 0,
-                "kinds": self.registry.kinds(),
+                "kinds": self.registries[lane].kinds(),
                 "started": round(self._started_at, 3),
                 # Registrations arrive at least this often; three missed ones mean dead.
                 "beat": round(max(REGISTER_EVERY_S, self.max_wait_s, self.lease_s / 3), 3),
@@ -313,8 +395,9 @@ class Worker:
             raise ConfigurationError("configure() a worker before it serves, not while")
         if concurrency is not None:
             self.concurrency = _checked_concurrency(concurrency)
-            for kind, cap in self.registry.caps().items():
-                controls.checked_concurrency(kind, cap, self.concurrency)
+            for registry in self.registries:
+                for kind, cap in registry.caps().items():
+                    controls.checked_concurrency(kind, cap, self.concurrency)
         if lease is not None:
             self.lease_s = _checked_lease(lease)
 
@@ -344,34 +427,56 @@ class Worker:
         then the worker's own."""
         return [*map(hooks.check_middleware, hooks.middleware), *self._middleware]
 
+    def sources(self) -> list[Source]:
+        """What the claim loop claims from, in order: each queue's shards, queue by queue."""
+        return [
+            Source(lane, shard, core)
+            for lane, q in enumerate(self.queues)
+            for shard, core in enumerate(q.shards.cores)
+        ]
+
     def context(
         self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
     ) -> WorkerContext:
         """The runtime this worker's parts share while serving (see ``WorkerContext``), on
-        ``runner``'s connection, with the expiry watcher attached. ``serve()`` builds one;
-        ``delayq.testing.drain`` builds its own, with handler calls made inline."""
-        shards = self.queue.shards
+        ``runner``'s connection, with the expiry watcher attached: the first queue's (see
+        :meth:`contexts`). ``serve()`` builds them; ``delayq.testing.drain`` builds its own,
+        with handler calls made inline."""
+        return self.contexts(runner, threads, stopping)[0]
+
+    def contexts(
+        self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
+    ) -> list[WorkerContext]:
+        """One context per queue (its shards, its registry and start-up hooks), sharing the
+        runner, the threads, the clock, one waker subscribed to every source's channel, and
+        the rest."""
+        sources = self.sources()
         waker = Waker(
             runner.client,
             self.core.keys.wake_channel,
-            tuple(c.keys.wake_channel for c in shards.cores) if shards.n > 1 else (),
+            tuple(s.core.keys.wake_channel for s in sources) if len(sources) > 1 else (),
         )
-        ctx = WorkerContext(
-            shards=shards,
-            runner=runner,
-            threads=threads,
-            clock=self.clock,
-            stopping=stopping,
-            registry=self.registry,
-            startup=self._startup,
-            events=self.events,
-            waker=waker,
-            supervisor=self.supervisor,
-            worker_id=self.id,
-            middleware=self.middleware_in_use(),
-        )
-        self.expiry.attach(ctx)  # the bell: the waker's channel, or one per primary
-        return ctx
+        middleware = self.middleware_in_use()
+        ctxs = [
+            WorkerContext(
+                shards=q.shards,
+                runner=runner,
+                threads=threads,
+                clock=self.clock,
+                stopping=stopping,
+                registry=self.registries[lane],
+                startup=self._startups[lane],
+                events=self.events,
+                waker=waker,
+                supervisor=self.supervisor,
+                worker_id=self.id,
+                middleware=middleware,
+            )
+            for lane, q in enumerate(self.queues)
+        ]
+        # The bell: the waker's channel, or one per primary (one queue's keys are watched).
+        self.expiry.attach(ctxs[self._expiry_lane or 0])
+        return ctxs
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
@@ -398,68 +503,33 @@ class Worker:
                 await client.aclose()
             raise
         self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
-        shards = self.queue.shards
-        ctx = self.context(self.runner, self.threads, stopping)
+        ctxs = self.contexts(self.runner, self.threads, stopping)
+        ctx = ctxs[0]
         self.waker = ctx.waker
-        self.finisher = Finisher(
-            shards,
-            self.runner,
-            lambda o, r: self.runs.written(o, r),
-            lambda o: self.runs.dropped(o),
-        )
-        self.executor = Executor(ctx)
-        self.runs = Runs(
-            self.executor,
-            self.finisher,
-            self._to_loop,
-            self.waker.poke,
-            concurrency=self.concurrency,
-            lookahead=self.lookahead_s,
-            caps=self.registry.caps(),
-        )
-        lease_ms = round(self.lease_s * 1000)
-        self.heartbeat = Heartbeat(
-            shards,
-            self.runner,
-            self.runs.leases,
-            lease_ms,
-            max(self.lease_s / 3, 0.2),
-            self.runs.leases_lost,
-            self.id,
-            self.registration,
-        )
-        # A running task aborted (queue.abort): told on the wake channel, or found by the
-        # heartbeat when the message was missed.
-        self.waker.on_abort = self.heartbeat.on_aborted = self.runs.abort
+        self._build(ctxs)
         self._ctx = ctx
         if install_signals:
             self._install_signals(loop)
-        ctx.supervise("waker", self.waker.run)
-        ctx.supervise("finisher", self.finisher.run)
-        ctx.supervise("heartbeat", self.heartbeat.run)
-        for name, bell_loop in self.expiry.loops():
-            ctx.supervise(name, bell_loop)
-        for hook in ctx.startup:
-            try:
-                await hook(ctx)
-            except Exception:
-                log.exception("start-up hook %r failed; serving anyway", hook)
+        self._start_loops(ctxs)
+        await self._run_startup(ctxs)
+        lease_ms = round(self.lease_s * 1000)
         claim_loop = self.supervisor.start(
             "claim", functools.partial(self._claim_loop, stopping, lease_ms)
         )
         if self._stop_requested.is_set():
             self._begin_stop()
-        log.info(
-            "worker on queue %r: kinds %s, concurrency %d",
-            self.core.name,
-            self.registry.kinds(),
-            self.concurrency,
-        )
+        for q, registry in zip(self.queues, self.registries, strict=True):
+            log.info(
+                "worker on queue %r: kinds %s, concurrency %d",
+                q.name,
+                registry.kinds(),
+                self.concurrency,
+            )
         try:
             await claim_loop
         finally:
             await self._shutdown()
-            loops = list(ctx.loops)  # the cron ticker too, started by a start-up hook
+            loops = [t for c in ctxs for t in c.loops]  # the cron tickers too (start-up hooks)
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -472,9 +542,97 @@ class Worker:
                 )
             if self._client_arg is None:
                 await client.aclose()
-            log.info("worker on queue %r stopped", self.core.name)
+            log.info("worker on queue %s stopped", ", ".join(repr(q.name) for q in self.queues))
         if self.supervisor.failed is not None:
             raise self.supervisor.failed
+
+    def _build(self, ctxs: list[WorkerContext]) -> None:
+        """The engine's parts: per queue a Finisher, an Executor and a heartbeat; one Runs."""
+        self._source_lanes = [s.lane for s in self.sources()]
+        self.finishers = [
+            Finisher(
+                c.shards,
+                self.runner,
+                functools.partial(self._written, lane),
+                functools.partial(self._dropped, lane),
+            )
+            for lane, c in enumerate(ctxs)
+        ]
+        self.finisher = self.finishers[0]
+        self.executors = [Executor(c) for c in ctxs]
+        self.executor = self.executors[0]
+        self.runs = Runs(
+            self.executor,
+            self.finisher,
+            self._to_loop,
+            self.waker.poke,
+            concurrency=self.concurrency,
+            lookahead=self.lookahead_s,
+            caps=self.registry.caps(),
+        )
+        for executor, finisher, registry in zip(
+            self.executors[1:], self.finishers[1:], self.registries[1:], strict=True
+        ):
+            self.runs.add_lane(executor, finisher, registry.caps())
+        self.heartbeats = [
+            Heartbeat(
+                c.shards,
+                self.runner,
+                self.runs.leases_of[lane],
+                round(self.lease_s * 1000),
+                max(self.lease_s / 3, 0.2),
+                functools.partial(self._leases_lost, lane),
+                self.id,
+                functools.partial(self.registration, lane),
+            )
+            for lane, c in enumerate(ctxs)
+        ]
+        self.heartbeat = self.heartbeats[0]
+        # A running task aborted (queue.abort): told on the wake channel, or found by the
+        # heartbeat when the message was missed.
+        if len(ctxs) == 1:
+            self.waker.on_abort = self.heartbeat.on_aborted = self.runs.abort
+        else:
+            self.waker.on_abort = self._heard_abort
+            for lane, heartbeat in enumerate(self.heartbeats):
+                heartbeat.on_aborted = functools.partial(self.runs.abort, lane=lane)
+
+    def _start_loops(self, ctxs: list[WorkerContext]) -> None:
+        """The waker, each queue's finisher and heartbeat, the expiry bells: supervised."""
+        ctx = ctxs[0]
+        several = len(ctxs) > 1
+        ctx.supervise("waker", self.waker.run)
+        parts = zip(self.queues, self.finishers, self.heartbeats, strict=True)
+        for q, finisher, heartbeat in parts:
+            suffix = f" ({q.name})" if several else ""
+            ctx.supervise("finisher" + suffix, finisher.run)
+            ctx.supervise("heartbeat" + suffix, heartbeat.run)
+        for name, bell_loop in self.expiry.loops():
+            ctx.supervise(name, bell_loop)
+
+    @staticmethod
+    async def _run_startup(ctxs: list[WorkerContext]) -> None:
+        """Each queue's start-up hooks, in order, with its context."""
+        for c in ctxs:
+            for hook in c.startup:
+                try:
+                    await hook(c)
+                except Exception:
+                    log.exception("start-up hook %r failed; serving anyway", hook)
+
+    def _heard_abort(self, task_id: str, token: int) -> None:
+        """An abort message on a source's wake channel: the run of that queue stops."""
+        lane = self._source_lanes[self.waker.heard_from]
+        self.runs.abort(task_id, token, lane=lane)
+
+    def _written(self, lane: int, outcomes: list[Outcome], refused: set[str]) -> None:
+        self.runs.written(outcomes, refused, lane)
+
+    def _dropped(self, lane: int, outcomes: list[Outcome]) -> None:
+        self.runs.dropped(outcomes, lane)
+
+    def _leases_lost(self, lane: int, lost: list[tuple[str, int]]) -> None:
+        self.runs.leases_lost(lost, lane)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_signal() -> None:
@@ -492,16 +650,18 @@ class Worker:
 
     async def _claim_loop(self, stopping: asyncio.Event, lease_ms: int) -> None:
         loop = asyncio.get_running_loop()
-        cores = self.queue.shards.cores
-        # Per shard: the loop time its earliest due task or lease deadline falls due (inf:
-        # nothing known), and when it was last looked at. One shard: looked at every time.
-        next_at = [0.0] * len(cores)
-        seen_at = [0.0] * len(cores)
-        # A shard whose claim failed is left alone until its backoff has passed, so one
+        # A source is one shard of one of the worker's queues (a queue unsplit: one source).
+        sources = self.sources()
+        # Per source: the loop time its earliest due task or lease deadline falls due (inf:
+        # nothing known), and when it was last looked at. One source: looked at every time.
+        next_at = [0.0] * len(sources)
+        seen_at = [0.0] * len(sources)
+        # A source whose claim failed is left alone until its backoff has passed, so one
         # unreachable shard (a failing-over primary) does not hold up the others.
-        backoff = [0.1] * len(cores)
-        resting_until = [0.0] * len(cores)
-        turn = 0  # which shard goes first: rotates, so no shard's backlog starves another
+        backoff = [0.1] * len(sources)
+        resting_until = [0.0] * len(sources)
+        # Which source goes first: rotates, so no shard's or queue's backlog starves another.
+        turn = 0
         while not stopping.is_set():
             free = self.runs.room()
             if free <= 0:
@@ -511,11 +671,11 @@ class Worker:
                 await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
             poked, woken = self.waker.reset()
-            if poked and len(cores) == 1:
+            if poked and len(sources) == 1:
                 resting_until[0] = 0.0  # e.g. the wake-up link is back: so may the server be
             now = loop.time()
             soon = now + self.lookahead_s
-            order = [(turn + k) % len(cores) for k in range(len(cores))]
+            order = [(turn + k) % len(sources) for k in range(len(sources))]
             turn += 1
             visit = [
                 i
@@ -523,7 +683,7 @@ class Worker:
                 if resting_until[i] <= now
                 and (not self._throttled_until or self._admitted(i, now))
                 and (
-                    len(cores) == 1
+                    len(sources) == 1
                     or poked
                     or i in woken
                     or next_at[i] <= soon
@@ -531,33 +691,40 @@ class Worker:
                 )
             ]
             full = False
-            # Each shard visited gets its share, and their tasks start interleaved: a batch
-            # claimed ahead from one shard must not run before every other shard's tasks.
+            # Each source visited gets its share, and their tasks start interleaved: a batch
+            # claimed ahead from one source must not run before every other source's tasks.
             share = -(-free // max(len(visit), 1))
-            batches: list[list[Claimed]] = []
+            batches: list[tuple[int, list[Claimed]]] = []
             for i in visit:
                 seen_at[i] = loop.time()
                 limit = min(share, free)
                 try:
-                    next_at[i], got = await self._claim_from(i, limit, lease_ms, batches)
+                    next_at[i], got = await self._claim_from(
+                        i, sources[i], limit, lease_ms, batches
+                    )
                 except DelayqError as e:
-                    where = f" on shard {i}" if len(cores) > 1 else ""
+                    where = self._where(sources[i])
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
                     resting_until[i] = loop.time() + backoff[i]
                     next_at[i] = resting_until[i] + self.lookahead_s
                     backoff[i] = min(backoff[i] * 2, 5.0)
                     continue
                 backoff[i] = 0.1
-                batches.append(got)
+                batches.append((sources[i].lane, got))
                 free -= len(got)
                 full = full or len(got) >= limit  # a full batch: more may be due right now
                 if free <= 0:
                     break
-            if batches:
-                self.runs.start_many(
-                    batches[0] if len(batches) == 1 else interleave(batches),
-                    self.clock.server_now_ms,
-                )
+            if len(batches) == 1 and batches[0][0] == 0:
+                self.runs.start_many(batches[0][1], self.clock.server_now_ms)
+            elif batches:
+                if all(lane == 0 for lane, _ in batches):  # a sharded queue's
+                    self.runs.start_many(
+                        interleave([got for _, got in batches]), self.clock.server_now_ms
+                    )
+                else:
+                    tasks, lanes = interleave_lanes(batches)
+                    self.runs.start_many(tasks, self.clock.server_now_ms, lanes)
             if full:
                 continue
             deadline = min(
@@ -565,15 +732,28 @@ class Worker:
             )
             await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
 
+    def _where(self, source: Source) -> str:
+        """Which source a log line is about ("" for the only one)."""
+        shard = f" shard {source.shard}" if self.queues[source.lane].shards.n > 1 else ""
+        if len(self.queues) > 1:
+            return f" on queue {self.queues[source.lane].name!r}{shard}"
+        return f" on{shard}" if shard else ""
+
     async def _claim_from(
-        self, shard: int, free: int, lease_ms: int, pending: list[list[Claimed]] | None = None
+        self,
+        i: int,
+        source: Source,
+        free: int,
+        lease_ms: int,
+        pending: list[tuple[int, list[Claimed]]] | None = None,
     ) -> tuple[float, list[Claimed]]:
-        """Claim up to ``free`` tasks from one shard; returns (loop time the shard next needs
-        a look, the tasks claimed). Registration rides on the home shard. ``pending``: tasks
-        claimed from other shards in this pass, not yet started (they use kinds' rooms)."""
+        """Claim up to ``free`` tasks from source ``i``; returns (loop time the source next
+        needs a look, the tasks claimed). Registration rides on each queue's home shard.
+        ``pending``: tasks claimed from other sources in this pass, not yet started (they
+        use kinds' rooms)."""
         loop = asyncio.get_running_loop()
-        core = self.queue.shards.cores[shard]
-        worker, info = self._registration_due() if shard == 0 else ("", "")
+        core = source.core
+        worker, info = self._registration_due(source.lane) if source.shard == 0 else ("", "")
         sent = loop.time()
         try:
             result = await self.runner.run(
@@ -584,50 +764,56 @@ class Worker:
                     lookahead_ms=round(self.lookahead_s * 1000),
                     worker=worker,
                     worker_info=info,
-                    rooms=self._kind_rooms(pending) if self.runs.caps else (),
+                    rooms=(
+                        self._kind_rooms(source.lane, pending)
+                        if self.runs.caps_of[source.lane]
+                        else ()
+                    ),
                 )
             )
         except DelayqError:
-            if info:
-                self._registered_full_at = -REREGISTER_EVERY_S  # not stored: send it again
+            if info:  # not stored: send it again
+                self._registered[source.lane].full_at = -REREGISTER_EVERY_S
             raise
         self.clock.observe(result.now_us / 1000, sent, loop.time())
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
         if result.next_token_ms is not None:
-            next_at = self._throttled(shard, result.next_token_ms, next_at)
+            next_at = self._throttled(i, result.next_token_ms, next_at)
         elif self._throttled_until:
-            self._throttled_until.pop(shard, None)
+            self._throttled_until.pop(i, None)
         if result.next_lease_ms is not None:
             next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
         return next_at, result.tasks
 
-    def _kind_rooms(self, pending: list[list[Claimed]] | None) -> list[Any]:
-        """Claim's per-kind rooms: each capped kind's cap less the runs of it held and those
-        claimed in this pass (``pending``)."""
-        held = self.runs.held_of_kind()
-        for batch in pending or ():
+    def _kind_rooms(self, lane: int, pending: list[tuple[int, list[Claimed]]] | None) -> list[Any]:
+        """Claim's per-kind rooms on the queue of ``lane``: each capped kind's cap less the
+        runs of it held and those claimed in this pass (``pending``) on that queue."""
+        held = self.runs.held_of_kind(lane)
+        for from_lane, batch in pending or ():
+            if from_lane != lane:
+                continue
             for c in batch:
                 if c.header.kind in held:
                     held[c.header.kind] += 1
-        return controls.kind_rooms(self.runs.caps, held)
+        return controls.kind_rooms(self.runs.caps_of[lane], held)
 
-    def _throttled(self, shard: int, token_ms: int, next_at: float) -> float:
+    def _throttled(self, source: int, token_ms: int, next_at: float) -> float:
         """Due tasks wait for the rate limit's next token (server ms): the loop time to look
         again (the claim loop wakes ``lookahead`` before a shard's time, hence the add), at
         most max_wait away (a wake-up lost: the limit may have changed)."""
         now = asyncio.get_running_loop().time()
         at = min(max(self._to_loop(token_ms), now + THROTTLE_STEP_S), now + self.max_wait_s)
-        self._throttled_until[shard] = at
+        self._throttled_until[source] = at
         at += self.lookahead_s
         return at if math.isinf(next_at) else max(next_at, at)
 
-    def _admitted(self, shard: int, now: float) -> bool:
-        """Whether the rate limit lets the claim loop visit ``shard`` now: the time of its
+    def _admitted(self, source: int, now: float) -> bool:
+        """Whether the rate limit lets the claim loop visit ``source`` now: the time of its
         next token has come (a changed limit is seen then, within max_wait)."""
-        if self._throttled_until.get(shard, 0.0) <= now:
-            self._throttled_until.pop(shard, None)
+        if self._throttled_until.get(source, 0.0) <= now:
+            self._throttled_until.pop(source, None)
             return True
         return False
 
@@ -636,16 +822,16 @@ class Worker:
         refuse to start (ConfigurationError). Redis not there yet: wait for it, as claims do."""
         assert self._stopping is not None
         delay = 0.1
-        while not self._stopping.is_set() and not self._stop_requested.is_set():
+        unchecked = list(self.queues)
+        while unchecked and not self._stopping.is_set() and not self._stop_requested.is_set():
             try:
-                stored = await self.runner.run(self.queue.shards.check_op())
+                stored = await self.runner.run(unchecked[0].shards.check_op())
             except ConnectionFailed as e:
                 log.warning("cannot read the queue's shard count (%s); retrying", e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            self.queue.shards.verify(stored)
-            return
+            unchecked.pop(0).shards.verify(stored)
 
     def _to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
@@ -660,15 +846,17 @@ class Worker:
         await self.runs.wait_running(self.grace_s, self._force)
         await self.runs.cancel_running()
         try:
-            await asyncio.wait_for(self.finisher.drained(), timeout=10)
+            await asyncio.wait_for(
+                asyncio.gather(*(f.drained() for f in self.finishers)), timeout=10
+            )
         except TimeoutError:
             log.error(
                 "could not write %d results before exiting; their leases will expire "
                 "and the tasks run again",
-                self.finisher.pending,
+                sum(f.pending for f in self.finishers),
             )
         with contextlib.suppress(DelayqError):
-            await self.runner.run(leasing.unregister(self.core, self.id))
+            await self.runner.run_many([leasing.unregister(q.core, self.id) for q in self.queues])
 
 
 class _WorkerHook:
