@@ -204,6 +204,7 @@ class WorkerMetrics:
             "Attempts of this kind that failed in a row on this worker (reset by a success).",
             LABELS,
             registry=registry,
+            multiprocess_mode="livemax",  # worker processes of a supervisor: the worst live one
         )
         # An attempt that fails sends "failed" then "retried" or "dead" at once: count its
         # duration and its failure once. Entries live for one event; the dict stays tiny.
@@ -245,12 +246,17 @@ class WorkerMetrics:
 
 def queue_admin(queue: Queue | AsyncQueue) -> Admin:
     """An inspector for a worker's queue, on its client when that is a blocking one."""
-    if isinstance(queue, Queue):
-        return Admin(
-            queue.url, queues=[queue.name], client=queue.client, prefix=queue.core.keys.prefix
-        )
+    return queues_admin([queue])
+
+
+def queues_admin(queues: list[Queue | AsyncQueue]) -> Admin:
+    """An inspector for a worker's queues (on one server, as a worker's are), on the first
+    one's client when that is a blocking one."""
+    first, names = queues[0], [q.name for q in queues]
+    if isinstance(first, Queue):
+        return Admin(first.url, queues=names, client=first.client, prefix=first.core.keys.prefix)
     # The worker's asyncio client belongs to its event loop; scrapes run in another thread.
-    return Admin(queue.url, queues=[queue.name], prefix=queue.core.keys.prefix)
+    return Admin(first.url, queues=names, prefix=first.core.keys.prefix)
 
 
 class MetricsServer:
@@ -261,7 +267,7 @@ class MetricsServer:
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.events = WorkerMetrics(self.registry)
-        self.admin = queue_admin(worker.queue)
+        self.admin = queues_admin(list(worker.queues))
         self.registry.register(QueueCollector(self.admin, lambda: list(self.admin.explicit)))
         worker.add_listener(self.events)
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)

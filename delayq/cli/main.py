@@ -97,6 +97,12 @@ builds without url= (a Queue reads ${URL_ENV[0]}, else ${URL_ENV[1]}, else
 refused rather than ignored. --concurrency and --lease replace the values APP passed
 to Worker(...).
 
+--processes N runs N worker processes under a supervisor (this process): each is
+this command with --processes 1; one that dies is restarted (backoff 1 s to 30 s);
+SIGTERM/SIGINT are forwarded to all of them, which finish their running tasks within
+the worker's grace; children that keep failing at start make it exit 1. With
+--metrics-port the supervisor serves all of their metrics on that one port.
+
 \b
 Environment:
   {URL_ENV[0]}, {URL_ENV[1]}  Redis URL of APP's queues
@@ -147,13 +153,21 @@ Environment:
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve Prometheus metrics on this port (/metrics).",
+    help="Serve Prometheus metrics on this port (/metrics); with --processes, the "
+    "supervisor serves every worker process's there.",
 )
 @click.option(
     "--metrics-host",
     default="127.0.0.1",
     show_default=True,
     help="Address for --metrics-port (0.0.0.0 to let a remote Prometheus scrape it).",
+)
+@click.option(
+    "--processes",
+    default="1",
+    show_default=True,
+    metavar="N|auto",
+    help="Worker processes under one supervisor (auto: one per core this process may use).",
 )
 def worker(
     app: str,
@@ -165,40 +179,100 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    processes: str,
 ) -> None:
-    from delayq.worker import Worker
+    from delayq.processes import child
+    from delayq.processes.supervisor import process_count
     from delayq.worker.supervise import WorkerFailed
 
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
+    try:
+        n = process_count(processes)
+    except ConfigurationError as e:
+        raise click.BadParameter(str(e), param_hint="--processes") from None
     _logging(log_level, log_format)
     with ExitStack() as stack:
         if embedded:
             url = _embedded(stack)
-        if url is not None:
-            os.environ[URL_ENV[0]] = url  # before APP is imported: its queues read it
-        obj = load_app(app)
-        if _is_factory(obj):
-            obj = obj()
-        if not isinstance(obj, Worker):
-            raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
-        if url is not None and obj.queue.url != url:
-            raise click.UsageError(
-                f"{app}'s queue {obj.queue.name!r} connects to {redact(obj.queue.url)}, set "
-                f"with url= in its code: --url {redact(url)} applies only to a Queue built "
-                f"without url= (drop url=, or drop --url)"
-            )
-        try:
-            obj.configure(concurrency=concurrency, lease=lease_s)
-        except ConfigurationError as e:
-            raise click.BadParameter(str(e)) from None
+        obj = _load_worker(app, url, concurrency, lease_s)
+        if n > 1:
+            options = [f"--log-level={log_level}", f"--log-format={log_format}"]
+            options += [f"--url={url}"] if url is not None else []
+            options += [f"--concurrency={concurrency}"] if concurrency is not None else []
+            options += [f"--lease={lease}"] if lease is not None else []
+            code = _supervise(obj, app, n, options, metrics_port, metrics_host, stack)
+            if code:
+                raise click.ClickException("worker processes keep failing at start")
+            return
+        if child.supervised():
+            child.prepare(obj)
         if metrics_port is not None:
             stack.callback(_serve_metrics(obj, metrics_port, metrics_host))
         try:
             obj.run()
         except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
             raise click.ClickException(str(e)) from None
+
+
+def _load_worker(app: str, url: str | None, concurrency: int | None, lease_s: Any) -> Any:
+    """Import APP's Worker (with --url in the environment first) and apply the options."""
+    from delayq.worker import Worker
+
+    if url is not None:
+        os.environ[URL_ENV[0]] = url  # before APP is imported: its queues read it
+    obj = load_app(app)
+    if _is_factory(obj):
+        obj = obj()
+    if not isinstance(obj, Worker):
+        raise click.BadParameter(f"{app!r} is a {type(obj).__name__}, not a delayq Worker")
+    for q in obj.queues:
+        if url is not None and q.url != url:
+            raise click.UsageError(
+                f"{app}'s queue {q.name!r} connects to {redact(q.url)}, set "
+                f"with url= in its code: --url {redact(url)} applies only to a Queue built "
+                f"without url= (drop url=, or drop --url)"
+            )
+    try:
+        obj.configure(concurrency=concurrency, lease=lease_s)
+    except ConfigurationError as e:
+        raise click.BadParameter(str(e)) from None
+    return obj
+
+
+def _supervise(
+    obj: Any,
+    app: str,
+    n: int,
+    options: list[str],
+    metrics_port: int | None,
+    metrics_host: str,
+    stack: ExitStack,
+) -> int:
+    """Run ``n`` worker processes of APP (imported here first, so a broken app fails once)
+    under a supervisor; returns its exit code."""
+    from delayq.processes.child import METRICS_ENV
+    from delayq.processes.supervisor import ProcessSupervisor
+
+    env: dict[str, str] = {}
+    on_exit: Callable[[int], None] = lambda pid: None  # noqa: E731
+    if metrics_port is not None:
+        from delayq.processes.metrics import SupervisorMetrics
+
+        try:
+            metrics = SupervisorMetrics(obj, metrics_port, metrics_host)
+        except OSError as e:
+            raise click.ClickException(
+                f"cannot serve metrics on {metrics_host}:{metrics_port}: {e}"
+            ) from None
+        stack.callback(metrics.stop)
+        click.echo(f"metrics on http://{metrics_host}:{metrics.port}/metrics", err=True)
+        env = {**metrics.env(), METRICS_ENV: "1"}
+        on_exit = metrics.process_dead
+    command = [sys.executable, "-m", "delayq", "worker", app, "--processes=1", *options]
+    supervisor = ProcessSupervisor(command, n, grace_s=obj.grace_s, env=env, on_exit=on_exit)
+    return supervisor.run()
 
 
 def _embedded(stack: ExitStack) -> str:

@@ -358,7 +358,8 @@ class Worker:
         if now - reg.at < REGISTER_EVERY_S:
             return "", ""
         reg.at = now
-        info = self.registration(lane)
+        # (lane 0 as registration() always was called: subclasses may override it)
+        info = self.registration(lane) if lane else self.registration()
         if info == reg.info and now - reg.full_at < REREGISTER_EVERY_S:
             return self.id, ""
         reg.info, reg.full_at = info, now
@@ -583,7 +584,7 @@ class Worker:
                 max(self.lease_s / 3, 0.2),
                 functools.partial(self._leases_lost, lane),
                 self.id,
-                functools.partial(self.registration, lane),
+                functools.partial(self.registration, lane) if lane else self.registration,
             )
             for lane, c in enumerate(ctxs)
         ]
