@@ -33,6 +33,7 @@ import lateness
 import memory
 import node_producer
 import otel
+import processes
 import schedule
 import soak
 import testing_speed
@@ -53,6 +54,7 @@ BENCHMARKS = {
         testing_speed,
         otel,
         http_api,
+        processes,
         soak,
         cluster,
     )
