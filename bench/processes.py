@@ -94,8 +94,7 @@ def one(rep: Report, processes: int, n: int) -> float:
             due = time.time() + 1.0 + n / 50_000
             for i in range(0, n, 50_000):
                 queue.schedule_many(
-                    TaskSpec("bench.light", {"i": j}, at=due)
-                    for j in range(i, min(i + 50_000, n))
+                    TaskSpec("bench.light", {"i": j}, at=due) for j in range(i, min(i + 50_000, n))
                 )
             deadline = time.monotonic() + max(120.0, n / 500)
             while time.monotonic() < deadline:
