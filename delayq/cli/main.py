@@ -267,7 +267,7 @@ def _supervise(
                 f"cannot serve metrics on {metrics_host}:{metrics_port}: {e}"
             ) from None
         stack.callback(metrics.stop)
-        click.echo(f"metrics on http://{metrics_host}:{metrics.port}/metrics", err=True)
+        log.info("metrics on http://%s:%d/metrics", metrics_host, metrics.port)
         env = {**metrics.env(), METRICS_ENV: "1"}
         on_exit = metrics.process_dead
     command = [sys.executable, "-m", "delayq", "worker", app, "--processes=1", *options]
