@@ -221,3 +221,27 @@ def test_what_is_refused(server: EmbeddedServer, make_server: Any, qname: str) -
         drain(Worker([a, b]))
     for q in (orders, emails, other, a, b):
         q.close()
+
+
+def test_a_full_worker_stays_registered_on_its_idle_queue(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    busy, idle = _queues(server, qname)
+    worker = Worker([busy, idle], concurrency=1, lease=1)
+
+    @worker.handler("hold", queue=busy)
+    async def hold(task: Task) -> None:
+        await asyncio.sleep(5)
+
+    busy.schedule("hold", None)
+    with run_worker(worker):
+        wait_for(lambda: busy.stats().active == 1, timeout=20)
+        time.sleep(0.5)
+        (first,) = idle.workers()
+        # Its only slot is taken, so it sends no claim to register with; the heartbeat
+        # (every lease/3) registers it on the idle queue too.
+        time.sleep(2)
+        (later,) = idle.workers()
+        assert later.last_seen > first.last_seen
+    busy.close()
+    idle.close()

@@ -25,6 +25,7 @@ class Heartbeat:
         on_lost: Callable[[list[tuple[str, int]]], None],
         worker_id: str = "",
         registration: Callable[[], str] = lambda: "",
+        beat_while: Callable[[], bool] | None = None,
     ) -> None:
         self.shards = shards
         self.runner = runner
@@ -37,6 +38,9 @@ class Heartbeat:
         # Told of each lease (id, token) lost to an abort (queue.abort) before on_lost hears
         # of it, so the run stops as aborted even when the waker missed the message.
         self.on_aborted: Callable[[str, int], object] | None = None
+        # A queue of a worker of several: beat (register) while the worker holds any lease,
+        # even none of this queue's, since a full worker sends no claim to register with.
+        self.beat_while = beat_while
 
     async def tick(self) -> list[tuple[str, int]]:
         """Extend every held lease once; returns (and reports) the (id, token) found lost."""
@@ -45,7 +49,9 @@ class Heartbeat:
         lost: list[tuple[str, int]] = []
         aborted: set[str] = set()
         groups = self.shards.group(held, lambda lease: lease[0])
-        if self.shards.n > 1 and all(core is not self.shards.home for core, _ in groups):
+        if (self.shards.n > 1 or not held) and all(
+            core is not self.shards.home for core, _ in groups
+        ):
             # The registration rides on the home shard: beat there even with no lease there,
             # or a busy worker would read as dead.
             groups.insert(0, (self.shards.home, []))
@@ -82,7 +88,7 @@ class Heartbeat:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            if not self.leases:
+            if not self.leases and not (self.beat_while and self.beat_while()):
                 continue  # an idle worker sends nothing
             try:
                 await self.tick()

@@ -585,6 +585,7 @@ class Worker:
                 functools.partial(self._leases_lost, lane),
                 self.id,
                 functools.partial(self.registration, lane) if lane else self.registration,
+                self._holds_leases if len(ctxs) > 1 else None,
             )
             for lane, c in enumerate(ctxs)
         ]
@@ -625,6 +626,9 @@ class Worker:
         """An abort message on a source's wake channel: the run of that queue stops."""
         lane = self._source_lanes[self.waker.heard_from]
         self.runs.abort(task_id, token, lane=lane)
+
+    def _holds_leases(self) -> bool:
+        return any(self.runs.leases_of)
 
     def _written(self, lane: int, outcomes: list[Outcome], refused: set[str]) -> None:
         self.runs.written(outcomes, refused, lane)
