@@ -229,3 +229,41 @@ def test_metrics_of_every_worker_process_on_one_port(
     os.kill(sup.proc.pid, signal.SIGTERM)
     assert sup.proc.wait(40) == 0, sup.output()
     assert set(Path(tempfile.gettempdir()).glob("delayq-metrics-*")) == dirs_before  # removed
+
+
+def test_a_second_signal_makes_every_worker_process_hand_back_at_once(
+    setup: tuple[Queue, dict[str, str]], supervise: Any
+) -> None:
+    queue, env = setup
+    ids = queue.schedule_many([{"kind": "rec", "payload": {"sleep": 60}} for _ in range(4)])
+    sup = supervise(APP, env, "--processes", "2")
+    wait_for(lambda: sup.serving(2), timeout=30)
+    wait_for(lambda: len(runs(env)) == 4, timeout=30)
+    os.kill(sup.proc.pid, signal.SIGTERM)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    os.kill(sup.proc.pid, signal.SIGINT)
+    assert sup.proc.wait(30) == 0, sup.output()
+    assert time.monotonic() - t0 < 15  # not the 20 s grace, nor the 60 s handlers
+    assert "second signal" in sup.output()
+    # Handed back, not counted: waiting to run again.
+    infos = [queue.get(i) for i in ids]
+    assert all(i is not None and i.state == "scheduled" for i in infos), infos
+
+
+def test_process_count_and_exit_reasons() -> None:
+    from delayq.errors import ConfigurationError
+    from delayq.processes.supervisor import exit_reason, process_count
+
+    assert process_count("auto") == len(os.sched_getaffinity(0))
+    assert process_count("3") == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ConfigurationError, match="--processes takes a number"):
+            process_count(bad)
+    assert exit_reason(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert exit_reason(3) == "exited with code 3"
+    out = subprocess.run(
+        [sys.executable, "-m", "delayq", "worker", APP, "--processes", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--processes takes a number" in out.stderr
