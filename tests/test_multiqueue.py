@@ -245,3 +245,34 @@ def test_a_full_worker_stays_registered_on_its_idle_queue(
         assert later.last_seen > first.last_seen
     busy.close()
     idle.close()
+
+
+def test_controls_act_on_their_own_queue(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    capped, free, paused = (
+        Queue(f"{qname}-{n}", url=server.url) for n in ("capped", "free", "paused")
+    )
+    worker = Worker([capped, free, paused], concurrency=8)
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+
+    async def body(task: Task) -> None:
+        running[task.queue] += 1
+        most[task.queue] = max(most[task.queue], running[task.queue])
+        await asyncio.sleep(0.3)
+        running[task.queue] -= 1
+
+    worker.handler("k", queue=capped, concurrency=1)(body)  # a cap on this queue's "k" only
+    worker.handler("k", queue=free)(body)
+    worker.handler("k", queue=paused)(body)
+    paused.pause()
+    for q in (capped, free, paused):
+        q.schedule_many([{"kind": "k", "payload": i} for i in range(4)])
+    with run_worker(worker):
+        wait_for(lambda: capped.stats().done == 4 and free.stats().done == 4, timeout=30)
+        assert paused.stats().done == 0  # paused: nothing claimed there
+    assert most[capped.name] == 1
+    assert most[free.name] == 4
+    for q in (capped, free, paused):
+        q.close()
