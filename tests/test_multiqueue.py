@@ -276,3 +276,30 @@ def test_controls_act_on_their_own_queue(
     assert most[free.name] == 4
     for q in (capped, free, paused):
         q.close()
+
+
+def test_an_abort_stops_the_run_of_its_own_queue(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    orders, emails = _queues(server, qname)
+    worker = Worker([orders, emails], concurrency=4)
+    started: list[str] = []
+    finished: list[str] = []
+
+    @worker.handler("long")
+    async def long(task: Task) -> None:
+        started.append(task.queue)
+        await asyncio.sleep(2.0)
+        finished.append(task.queue)
+
+    orders.schedule("long", None, task_id="same")
+    emails.schedule("long", None, task_id="same")
+    with run_worker(worker):
+        wait_for(lambda: len(started) == 2, timeout=20)
+        assert emails.abort("same")  # the same id runs on orders too: that run goes on
+        wait_for(lambda: orders.stats().done == 1, timeout=20)
+    assert finished == [orders.name]
+    e = emails.get("same")
+    assert e is not None and e.state == "aborted"
+    orders.close()
+    emails.close()
