@@ -16,27 +16,9 @@ require("dashboard", "the dashboard")
 
 from delayq.admin.inspect import Admin  # noqa: E402
 from delayq.dashboard.app import create_app  # noqa: E402
+from delayq.listen import base_url, bind  # noqa: E402
 
 __all__ = ["bind", "create_app", "serve"]
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free one), so the URL can be printed before serving."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def base_url(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve(

@@ -16,30 +16,9 @@ require("http", "the HTTP API")
 
 from delayq.http.app import Api, create_app  # noqa: E402
 from delayq.http.openapi import document  # noqa: E402
+from delayq.listen import base_url, bind  # noqa: E402
 
 __all__ = ["Api", "base_url", "bind", "create_app", "document", "serve"]
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free one), so the URL can be printed before serving."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit it: a response goes out as two writes (its head, then
-    # its body), and without it the body waits for the client's delayed ACK (~40 ms).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def base_url(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve(
