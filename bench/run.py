@@ -35,6 +35,7 @@ import node_producer
 import otel
 import processes
 import schedule
+import server_cost
 import soak
 import testing_speed
 from common import Report, cleanup_all
@@ -45,6 +46,7 @@ BENCHMARKS = {
         lateness,
         drain,
         costs,
+        server_cost,
         schedule,
         node_producer,
         idle,

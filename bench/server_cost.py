@@ -1,0 +1,127 @@
+"""Server CPU per task over its whole life: schedule, claim, ack, each phase alone.
+
+Redis runs scripts on one thread, so the server time a task costs over its life sets the
+ceiling of every primary. On a fresh server (AOF off) per flavour (the bundled Valkey 8.1
+and Redis 7.0), N tasks go through each phase in turn, and each phase is measured alone from
+the server's own accounting: ``INFO commandstats`` (the script's ``evalsha`` time, and each
+command the script ran, which the server counts too) and the ``used_cpu_user + sys`` delta
+(which also holds reading the calls and writing the replies). Phases: ``schedule_many``
+(its own batching), ``schedule`` one call per task, claim in batches of 64 (a worker of
+concurrency 64 under a backlog claims its free room) and ack in batches of 64. Per script,
+a table of where its time goes: each inner command's calls and time per task, and the rest
+(Lua itself: the interpreter, argument and reply conversion, string work) by difference.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from common import Report, client, fresh_server, server_cpu, short_version
+from costs import command_stats
+
+from delayq import Queue, TaskSpec, leasing
+from delayq.runner import SyncRunner
+
+NAME = "server_cost"
+TITLE = "Server CPU per task over its life: schedule, claim, ack (Valkey 8, Redis 7.0)"
+N = 100_000
+BATCH = 64  # a worker of concurrency 64 under a backlog claims (and acks) about this many
+PAYLOAD = {"order": 123456, "user": 42}
+BAR_US = 4.0  # schedule_many + claim + ack, per task, on Valkey 8
+
+
+class Phase:
+    """Commandstats and CPU deltas around one phase: per-task figures by command."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+
+    def __enter__(self) -> Phase:
+        self.r.config_resetstat()
+        self.cpu0 = server_cpu(self.r)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu = server_cpu(self.r) - self.cpu0
+        self.stats = command_stats(self.r)
+
+    def per_task(self, n: int) -> dict[str, Any]:
+        script = self.stats.pop("evalsha", {"calls": 0, "usec": 0})
+        inner = {k: v for k, v in self.stats.items() if k not in ("info", "config|resetstat")}
+        inner_us = sum(v["usec"] for v in inner.values())
+        return {
+            "script_us": script["usec"] / n,
+            "script_calls": script["calls"],
+            "cpu_us": self.cpu * 1e6 / n,
+            "lua_us": (script["usec"] - inner_us) / n,
+            "commands": {
+                k: {"calls": v["calls"] / n, "us": v["usec"] / n}
+                for k, v in sorted(inner.items(), key=lambda kv: -kv[1]["usec"])
+            },
+        }
+
+
+def specs(n: int) -> list[TaskSpec]:
+    return [TaskSpec("order.close", PAYLOAD, delay=0) for _ in range(n)]
+
+
+def one(rep: Report, flavour: str, n: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    with fresh_server(flavour, appendonly=False) as srv, Queue("cost", url=srv.url) as q:
+        r, run = client(srv.url), SyncRunner(q.client)
+        q.schedule("warm", {}, delay=3600)  # every script loaded before measuring
+        todo = specs(n)
+        with Phase(r) as p:
+            q.schedule_many(todo)
+        out["schedule_many"] = p.per_task(n)
+        with Phase(r) as p:
+            held: list[tuple[str, int]] = []
+            while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
+                held += [(c.id, c.token) for c in got]
+        out["claim"] = p.per_task(len(held))
+        with Phase(r) as p:
+            for i in range(0, len(held), BATCH):
+                run.run(leasing.ack(q.core, held[i : i + BATCH]))
+        out["ack"] = p.per_task(len(held))
+        singles = specs(n)
+        with Phase(r) as p:
+            for s in singles:
+                q.schedule(s.kind, s.payload, delay=3600)
+        out["schedule"] = p.per_task(n)
+        r.close()
+        version = short_version(srv)
+    life = sum(out[k]["script_us"] for k in ("schedule_many", "claim", "ack"))
+    life_cpu = sum(out[k]["cpu_us"] for k in ("schedule_many", "claim", "ack"))
+    rep.line(
+        f"{version}: schedule_many + claim + ack = {life:.2f} us/task in scripts "
+        f"(commandstats), {life_cpu:.2f} us/task of server CPU (used_cpu_user+sys)"
+    )
+    rep.line(
+        f"  {'phase':14s} {'script us':>9s} {'CPU us':>7s} {'Lua us':>7s} {'calls/task':>10s}"
+        "   inner commands: calls/task x us/task"
+    )
+    for phase, f in out.items():
+        inner = ", ".join(f"{k} {v['calls']:.3g}x {v['us']:.2f}" for k, v in f["commands"].items())
+        rep.line(
+            f"  {phase:14s} {f['script_us']:9.2f} {f['cpu_us']:7.2f} {f['lua_us']:7.2f} "
+            f"{f['script_calls'] / n:10.4f}   {inner}"
+        )
+    rep.figure(flavour, {"server": version, "n": n, "batch": BATCH, "phases": out})
+    if flavour == "valkey":
+        rep.bar(
+            "Valkey 8: server us per task, schedule_many + claim + ack", life, "<=", BAR_US, "us"
+        )
+    return out
+
+
+def run(rep: Report) -> None:
+    n = rep.n(N)
+    rep.line(
+        f"{n:,} tasks, payload {PAYLOAD}; claim and ack in batches of {BATCH}; AOF off; "
+        "us per task from the server's own accounting"
+    )
+    t0 = time.monotonic()
+    for flavour in ("valkey", "redis"):
+        one(rep, flavour, n)
+    rep.line(f"({time.monotonic() - t0:.0f} s)")
