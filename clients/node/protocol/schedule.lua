@@ -78,12 +78,23 @@ end
 local function dq_split_cached(rec, cache)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end
-  -- Greedy: the last ',"c":' of the line followed by digits, which no JSON string can hold
-  -- unescaped, and header values (strings) cannot follow with digits.
-  local line = string.sub(rec, 1, nl - 1)
-  local hs = ''
-  local pre, c = string.match(line, '^(.*),"c":(%d+)}$')
-  if not pre then pre, c, hs = string.match(line, '^(.*),"c":(%d+),"h":({.*})}$') end
+  -- The common case first, by plain find (memchr) and an anchored match: the first ',"c":'
+  -- (no JSON string holds one unescaped), then only digits and '}' to the line's end.
+  local pre, c, hs = nil, nil, ''
+  local at = string.find(rec, ',"c":', 1, true)
+  if at and at < nl then
+    local _, e
+    _, e, c = string.find(rec, '^(%d+)}\n', at + 5)
+    if e then pre = string.sub(rec, 1, at - 1) end
+  end
+  if not pre then
+    -- Greedy: the last ',"c":' of the line followed by digits, which no JSON string can
+    -- hold unescaped, and header values (strings) cannot follow with digits.
+    local line = string.sub(rec, 1, nl - 1)
+    pre, c = string.match(line, '^(.*),"c":(%d+)}$')
+    if not pre then pre, c, hs = string.match(line, '^(.*),"c":(%d+),"h":({.*})}$') end
+    hs = hs or ''
+  end
   if pre then
     local h = cache[pre]
     if h == nil then
