@@ -20,17 +20,20 @@ local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens = dq_columns(REST, 2)
 local heads = dq_held(K, ids, tokens, now, true)
-local refused, acked, scored = {}, {}, {}
+local refused, acked, scored, na, nr = {}, {}, {}, 0, 0
+local stamp = dq_ms(now)  -- the done set's score, formatted once rather than per task
 for j, id in ipairs(ids) do
   if heads[j] then
-    acked[#acked + 1] = id
-    scored[#scored + 1] = now
-    scored[#scored + 1] = id
+    na = na + 1
+    acked[na] = id
+    scored[2 * na - 1] = stamp
+    scored[2 * na] = id
   else
-    refused[#refused + 1] = id
+    nr = nr + 1
+    refused[nr] = id
   end
 end
-if #acked > 0 then
+if na > 0 then
   redis.call('ZREM', K.active, unpack(acked))
   if dedupe > 0 then
     redis.call('ZADD', K.done, unpack(scored))
@@ -38,7 +41,7 @@ if #acked > 0 then
     dq_forget(K, acked)
     dq_unwatch(K, acked)
   end
-  redis.call('HINCRBY', K.stats, A.counter, #acked)
+  redis.call('HINCRBY', K.stats, A.counter, na)
 end
 
 -- Forget finished records whose dedupe window has passed, a few per call.
