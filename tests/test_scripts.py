@@ -1444,3 +1444,22 @@ def test_claims_reply_is_laid_out_as_claim_lua_declares(queue: Queue) -> None:
     assert [row[declared.field("id")] for row in rows] == [b"a", b"b", b"c"]
     assert [row[declared.field("token")] for row in rows] == [1, 2, 3]
     assert raw[declared.at("now")] == NOW * 1000
+
+
+@pytest.mark.parametrize(
+    ("replace", "statuses", "due"), [("0", [1, 0], 10_000), ("1", [1, 2], 20_000)]
+)
+def test_schedule_sees_its_own_pending_writes_when_one_call_holds_an_id_twice(
+    queue: Queue, replace: str, statuses: list[int], due: int
+) -> None:
+    # Python refuses a repeated id before sending; another producer may not. The script
+    # writes the scheduled set in batches, and must still treat the second as known.
+    core, now = queue.core, 1_000_000
+    first = core.encode_tasks([TaskSpec("k", {"n": 1}, task_id="dup", delay=10)])[1]
+    second = core.encode_tasks([TaskSpec("k", {"n": 2}, task_id="dup", delay=20)])[1]
+    args = {"now": now, "dedupe_ms": core.dedupe_ms, "replace": replace}
+    args |= {"channel": core.keys.wake_channel, "durable": "0"}
+    op = core.op("schedule", args, first + second, lambda reply: reply)
+    assert SyncRunner(queue.client).run(op) == statuses
+    assert queue.client.zscore(core.keys.scheduled, "dup") == now + due
+    assert queue.client.hlen(core.keys.tasks) == 1
