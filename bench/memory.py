@@ -75,10 +75,21 @@ def one(rep: Report, flavour: str, ids: str, n: int) -> None:
             f"used_memory +{(used - base) / 2**20:.1f} MiB = {per_task:.0f} B/task; "
             f"payload {payload_bytes} B -> {beyond:.0f} B beyond it"
         )
+        zset, tasks = per_key["scheduled"] / n, per_key["tasks"] / n
         rep.line(
             f"{'':12s} record {record} B (header {record - payload_bytes - 1} B + newline + "
-            f"payload); MEMORY USAGE per task: scheduled zset {per_key['scheduled'] / n:.0f} B, "
-            f"tasks hash {per_key['tasks'] / n:.0f} B"
+            f"payload); MEMORY USAGE per task: scheduled zset {zset:.0f} B, "
+            f"tasks hash {tasks:.0f} B"
+        )
+        # Where the bytes go: the zset entry (id + score + skiplist node + dict entry), the
+        # hash entry (id again + record + dict entry), and what neither key holds (the
+        # allocator's rounding and the main dict's growth) by difference. A waiting task
+        # has no attempts entry (written by its first claim) and no error.
+        rep.line(
+            f"{'':12s} per task: total {per_task:.0f} B = zset entry {zset:.0f} "
+            f"(id {id_len} B + overhead {zset - id_len:.0f}) + hash entry {tasks:.0f} "
+            f"(id {id_len} B + record {record} B + overhead {tasks - id_len - record:.0f}) "
+            f"+ other {per_task - zset - tasks:.0f}; attempts entry 0 while waiting"
         )
         rep.figure(
             f"{flavour}-{ids}",

@@ -80,6 +80,10 @@ def one(rep: Report, flavour: str, n: int) -> dict[str, dict[str, Any]]:
             while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
                 held += [(c.id, c.token) for c in got]
         out["claim"] = p.per_task(len(held))
+        held_bytes = {  # what a claimed task adds: its attempts entry and its lease
+            k: int(r.memory_usage(getattr(q.core.keys, k), samples=0) or 0) / len(held)
+            for k in ("attempts", "active")
+        }
         with Phase(r) as p:
             for i in range(0, len(held), BATCH):
                 run.run(leasing.ack(q.core, held[i : i + BATCH]))
@@ -107,7 +111,14 @@ def one(rep: Report, flavour: str, n: int) -> dict[str, dict[str, Any]]:
             f"  {phase:14s} {f['script_us']:9.2f} {f['cpu_us']:7.2f} {f['lua_us']:7.2f} "
             f"{f['script_calls'] / n:10.4f}   {inner}"
         )
-    rep.figure(flavour, {"server": version, "n": n, "batch": BATCH, "phases": out})
+    rep.line(
+        f"  a claimed task holds: attempts entry {held_bytes['attempts']:.0f} B, lease (active "
+        f"zset entry) {held_bytes['active']:.0f} B (MEMORY USAGE per task)"
+    )
+    rep.figure(
+        flavour,
+        {"server": version, "n": n, "batch": BATCH, "phases": out, "claimed_bytes": held_bytes},
+    )
     if flavour == "valkey":
         rep.bar(
             "Valkey 8: server us per task, schedule_many + claim + ack", life, "<=", BAR_US, "us"
@@ -125,3 +136,83 @@ def run(rep: Report) -> None:
     for flavour in ("valkey", "redis"):
         one(rep, flavour, n)
     rep.line(f"({time.monotonic() - t0:.0f} s)")
+
+
+# -- instruction counts: ``python bench/server_cost.py callgrind [PHASE ...]`` ----------------
+#
+# Wall-clock figures on a shared 2-core machine move by 30% between identical runs; the
+# server's instructions per task under callgrind do not. Each phase runs on its own server
+# (Valkey 8 by default, ``--redis`` for Redis 7.0) started under valgrind with
+# instrumentation off, switched on (callgrind_control -i) around that phase alone.
+
+CG_N = 5_000
+
+
+def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
+    """Server instructions per task of one phase (schedule_many, claim, ack) under callgrind."""
+    import os
+    import socket
+    import subprocess
+    import tempfile
+
+    from common import _live_procs, server_binary, stop_pid
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix=f"callgrind-{phase}-", suffix=".out")
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    argv += [f"--callgrind-out-file={out}", server_binary(flavour), "--port", str(port)]
+    argv += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _live_procs[proc.pid] = proc
+
+    def instr(on: str) -> None:
+        subprocess.run(["callgrind_control", "-i", on, str(proc.pid)], capture_output=True)
+
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(600):
+            try:
+                client(url).ping()
+                break
+            except Exception:
+                time.sleep(0.1)
+        with Queue("cg", url=url) as q:
+            run = SyncRunner(q.client)
+            q.schedule("warm", {}, delay=3600)
+            todo = specs(n)
+            if phase == "schedule_many":
+                instr("on")
+            q.schedule_many(todo)
+            instr("off")
+            if phase == "claim":
+                instr("on")
+            held: list[tuple[str, int]] = []
+            while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
+                held += [(c.id, c.token) for c in got]
+            instr("off")
+            if phase == "ack":
+                instr("on")
+            for i in range(0, len(held), BATCH):
+                run.run(leasing.ack(q.core, held[i : i + BATCH]))
+            instr("off")
+    finally:
+        stop_pid(proc, timeout=120)  # callgrind writes its file as the server exits
+    with open(out) as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+    os.unlink(out)
+    return total / n
+
+
+if __name__ == "__main__":
+    import sys
+
+    args = sys.argv[1:]
+    if not args or args[0] != "callgrind":
+        sys.exit(
+            "usage: bench/server_cost.py callgrind [--redis] [PHASE ...] (bench/run runs the rest)"
+        )
+    fl = "redis" if "--redis" in args else "valkey"
+    for ph in [a for a in args[1:] if not a.startswith("--")] or ["schedule_many", "claim", "ack"]:
+        print(f"{fl} {ph}: {instructions(ph, fl):,.0f} instructions per task", flush=True)
