@@ -585,6 +585,38 @@ async def test_only_the_queues_given_are_served(server: EmbeddedServer, qname: s
     await app.state.api.aclose()
 
 
+async def test_a_queue_not_served_is_a_404_on_every_route_and_documented(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """With queues=, every route naming another queue answers 404: so says the document."""
+    from delayq.http import document
+
+    app = create_app(server.url, token=TOKEN, queues=[qname])
+    bodies = {"post": {"kind": "k", "ttl": 5}, "patch": {"delay": 5}, "put": {"ttl": 5}}
+    paths = document()["paths"]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api", headers=AUTH
+    ) as c:
+        for path, item in paths.items():
+            if "{queue}" not in path and path != "/readyz":
+                continue
+            url = path.replace("{queue}", "other").replace("{id}", "t").replace("{key}", "k")
+            if path == "/readyz":
+                url += "?queue=other"
+            for method, op in item.items():
+                body = bodies.get(method)
+                if path.endswith("/batch"):
+                    body = {"tasks": [{"kind": "k"}]}
+                elif method == "post" and not path.endswith("/touch"):
+                    body = {"kind": "k"}
+                elif method == "post":
+                    body = {"ttl": 5}
+                r = await c.request(method.upper(), url, json=body)
+                problem(r, 404, "not-found")
+                assert "404" in op["responses"], (method, path)
+    await app.state.api.aclose()
+
+
 def test_a_short_token_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="at least 16 characters"):
         create_app("redis://127.0.0.1:1/0", token="short")

@@ -43,8 +43,17 @@ def _problem(name: str, description: str) -> dict[str, Any]:
     }
 
 
+# A queue outside queues= is a 404 on every route naming one; so is an unknown task or key.
+_NOT_FOUND = {
+    "404": _problem(
+        "not-found",
+        "A queue this API does not serve (`queues=`, `delayq api -q`); on a task's or a "
+        "watched key's route, no such task (or watched key).",
+    )
+}
 # The errors every route under /v1 can answer.
 _COMMON = {
+    **_NOT_FOUND,
     "401": _problem("unauthorized", "No token, or a wrong one."),
     "422": _problem("invalid", "Invalid input: the errors list says where and how to fix it."),
     "500": _problem("internal", "The API failed (its log has the traceback)."),
@@ -54,7 +63,6 @@ _BODY_ERRORS = {
     "413": _problem("too-large", "The body, a payload or the batch is over its limit."),
     "415": _problem("unsupported-media-type", "The body is not JSON."),
 }
-_NOT_FOUND = {"404": _problem("not-found", "No such task (or watched key).")}
 _CONFLICT = {"409": _problem("conflict", "The task is running or finished.")}
 
 
