@@ -421,6 +421,11 @@ async def test_expiring_set_touch_delete(
     doc = problem(await client.put(path, json={"value": 1}), 422, "invalid")
     assert pointers(doc) == ["/ttl"]
     doc = problem(await client.put(path, json={"value": 1, "ttl": 0}), 422, "invalid")
+    assert pointers(doc) == ["/ttl"]  # the field at fault, not the value
+    doc = problem(await client.put(path, json={"value": 1, "ttl": 0.0004}), 422, "invalid")
+    assert pointers(doc) == ["/ttl"]
+    doc = problem(await client.post(f"{path}/touch", json={"ttl": 0}), 422, "invalid")
+    assert pointers(doc) == ["/ttl"]
 
 
 # -- probes and the document -------------------------------------------------------------------

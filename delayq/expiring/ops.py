@@ -45,7 +45,8 @@ def validate_key(key: Any) -> str:
     return check_text(key, "watched key")
 
 
-def _ttl_ms(ttl: Duration) -> int:
+def ttl_ms(ttl: Duration) -> int:
+    """A watched key's TTL in ms: at least 1 (InvalidTaskError naming the bound)."""
     ms = round(seconds(ttl, "ttl") * 1000)
     if ms < 1:
         raise InvalidTaskError(f"ttl must be at least 1 ms, got {ttl!r}")
@@ -79,7 +80,7 @@ def set_op(
             "channel": core.keys.wake_channel,
             "key": validate_key(key),
             "id": task_id_for(key),
-            "ttl_ms": _ttl_ms(ttl),
+            "ttl_ms": ttl_ms(ttl),
             "header": _header(core),
             "value": value,
         },
@@ -94,7 +95,7 @@ def touch_op(core: QueueCore, key: str, ttl: Duration, *, now_ms: int | None = N
         "channel": core.keys.wake_channel,
         "key": validate_key(key),
     }
-    return core.op("expire_touch", {**args, "ttl_ms": _ttl_ms(ttl)}, [], int)
+    return core.op("expire_touch", {**args, "ttl_ms": ttl_ms(ttl)}, [], int)
 
 
 def delete_op(core: QueueCore, key: str, *, now_ms: int | None = None) -> Op[bool]:

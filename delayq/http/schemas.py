@@ -26,7 +26,7 @@ from delayq.core import (
     validate_task_id,
 )
 from delayq.errors import InvalidTaskError
-from delayq.expiring.ops import MAX_KEY_LEN
+from delayq.expiring.ops import MAX_KEY_LEN, ttl_ms
 from delayq.http.problems import field_error, invalid
 from delayq.timing import MAX_DELAY_S, at_ms, seconds
 
@@ -98,6 +98,7 @@ def _delay(value: float) -> float:
 
 
 def _ttl(value: float) -> float:
+    ttl_ms(value)  # at least 1 ms, as the Python API checks it
     return seconds(value, "ttl")
 
 
