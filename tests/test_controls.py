@@ -310,6 +310,19 @@ def test_a_bad_kind_concurrency_is_refused(queue: Queue, concurrency: Any) -> No
         worker.configure(concurrency=8)  # below the kind's
 
 
+def test_a_refused_configure_leaves_the_worker_as_it_was(queue: Queue) -> None:
+    worker = Worker(queue, concurrency=16)
+    worker.handler("pdf", concurrency=12)(lambda task: None)
+    with pytest.raises(ConfigurationError, match="worker's concurrency"):
+        worker.configure(concurrency=8, lease=60)
+    assert worker.concurrency == 16  # nothing half-applied
+    with pytest.raises(ConfigurationError, match="lease"):
+        worker.configure(concurrency=12, lease=0.5)
+    assert worker.concurrency == 16
+    worker.configure(concurrency=12)
+    assert worker.concurrency == 12
+
+
 def test_drain_in_virtual_time_follows_the_rate_limit(server: Any, qname: str) -> None:
     """drain() moves the virtual clock to the next token, not a millisecond at a time."""
     clock = VirtualClock()

@@ -394,13 +394,13 @@ class Worker:
         worker serves; ``delayq worker --concurrency/--lease`` override the app's this way."""
         if self._loop is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
-        if concurrency is not None:
-            self.concurrency = _checked_concurrency(concurrency)
-            for registry in self.registries:
-                for kind, cap in registry.caps().items():
-                    controls.checked_concurrency(kind, cap, self.concurrency)
-        if lease is not None:
-            self.lease_s = _checked_lease(lease)
+        # Everything is checked before anything changes: a refusal leaves the worker as it was.
+        most = self.concurrency if concurrency is None else _checked_concurrency(concurrency)
+        for registry in self.registries:
+            for kind, cap in registry.caps().items():
+                controls.checked_concurrency(kind, cap, most)
+        lease_s = self.lease_s if lease is None else _checked_lease(lease)
+        self.concurrency, self.lease_s = most, lease_s
 
     # -- serving ----------------------------------------------------------------------------
 
