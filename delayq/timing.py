@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from delayq.errors import InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
 
 # Ten years: anything longer is almost certainly a unit mistake (ms passed as seconds).
 MAX_DELAY_S = 10 * 365 * 24 * 3600
@@ -37,6 +37,16 @@ def seconds(value: Duration, what: str = "delay") -> float:
     if secs > MAX_DELAY_S:
         raise InvalidTaskError(f"{what} of {secs:.0f} s is over ten years; check the unit")
     return secs
+
+
+def config_seconds(value: Duration, what: str) -> float:
+    """An option's duration (a worker's lease, grace, lookahead, max_wait, a handler's
+    timeout): :func:`seconds`' checks, but a bad one is a ConfigurationError, as every
+    other bad option is, not a task's InvalidTaskError."""
+    try:
+        return seconds(value, what)
+    except InvalidTaskError as e:
+        raise ConfigurationError(str(e)) from None
 
 
 def at_ms(at: datetime | float | int) -> int | float:

@@ -10,7 +10,7 @@ from typing import Any
 from delayq.backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
 from delayq.core import MAX_ATTEMPTS, validate_kind
 from delayq.errors import ConfigurationError
-from delayq.timing import Duration, seconds
+from delayq.timing import Duration, config_seconds
 
 DEFAULT_MAX_ATTEMPTS = 5
 
@@ -71,7 +71,7 @@ def make_handler(
         max_attempts=max_attempts,
         backoff=validate_backoff(backoff),
         jitter=jitter,
-        timeout=seconds(timeout, "timeout") if timeout is not None else None,
+        timeout=config_seconds(timeout, "timeout") if timeout is not None else None,
         internal=internal,
         concurrency=concurrency,
     )

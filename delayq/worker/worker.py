@@ -34,7 +34,7 @@ from delayq.hooks import Middleware
 from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
-from delayq.timing import seconds
+from delayq.timing import config_seconds
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock
 from delayq.worker.context import StartupHook, WorkerContext
@@ -84,7 +84,7 @@ def _checked_concurrency(concurrency: int) -> int:
 
 
 def _checked_lease(lease: float | timedelta) -> float:
-    lease_s = seconds(lease, "lease")
+    lease_s = config_seconds(lease, "lease")
     if lease_s < 1:
         raise ConfigurationError(f"lease must be at least 1 second, got {lease_s}")
     return lease_s
@@ -132,9 +132,9 @@ class Worker:
         self.core = self.queue.core
         self.concurrency = _checked_concurrency(concurrency)
         self.lease_s = _checked_lease(lease)
-        self.grace_s = seconds(grace, "grace")
-        self.lookahead_s = seconds(lookahead, "lookahead")
-        self.max_wait_s = seconds(max_wait, "max_wait")
+        self.grace_s = config_seconds(grace, "grace")
+        self.lookahead_s = config_seconds(lookahead, "lookahead")
+        self.max_wait_s = config_seconds(max_wait, "max_wait")
         self._client_arg = client
         # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
         self.registries = [Registry() for _ in self.queues]
