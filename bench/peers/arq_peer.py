@@ -30,10 +30,13 @@ class Producer:
         self.loop = asyncio.new_event_loop()
         self.pool = self.loop.run_until_complete(create_pool(RedisSettings.from_dsn(url)))
 
+    async def asend_one(self, it: Item) -> None:
+        due, delay = it.timing()
+        await self.pool.enqueue_job("noop", it.id, due, _defer_by=delay)
+
     async def _send(self, items: list[Item]) -> None:
         for it in items:
-            due, delay = it.timing()
-            await self.pool.enqueue_job("noop", it.id, due, _defer_by=delay)
+            await self.asend_one(it)
 
     def send(self, items: list[Item]) -> None:
         self.loop.run_until_complete(self._send(items))

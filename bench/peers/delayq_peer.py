@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from harness import QUEUE, Item, record
 
-from delayq import Queue, Task, TaskSpec, Worker
+from delayq import AsyncQueue, Queue, Task, TaskSpec, Worker
 
 NAME = "delayq"
 DISTS = ("delayq", "redis")
@@ -50,13 +50,46 @@ class Producer:
 class LoopProducer(Producer):
     """``Queue.schedule`` once per task: the per-call figure shown next to the batch one."""
 
+    def send_one(self, it: Item) -> None:
+        due, delay = it.timing()
+        if it.due_at is not None:
+            self.queue.schedule(KIND, {"id": it.id, "due": due}, at=due)
+        else:
+            self.queue.schedule(KIND, {"id": it.id, "due": due}, delay=delay)
+
     def send(self, items: list[Item]) -> None:
         for it in items:
-            due, delay = it.timing()
-            if it.due_at is not None:
-                self.queue.schedule(KIND, {"id": it.id, "due": due}, at=due)
-            else:
-                self.queue.schedule(KIND, {"id": it.id, "due": due}, delay=delay)
+            self.send_one(it)
+
+
+class AsyncLoopProducer:
+    """``await AsyncQueue.schedule`` once per task, on one event loop (a web handler's way)."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.queue = AsyncQueue(QUEUE, url=url)
+
+    async def asend_one(self, it: Item) -> None:
+        due, delay = it.timing()
+        if it.due_at is not None:
+            await self.queue.schedule(KIND, {"id": it.id, "due": due}, at=due)
+        else:
+            await self.queue.schedule(KIND, {"id": it.id, "due": due}, delay=delay)
+
+    async def _send(self, items: list[Item]) -> None:
+        for it in items:
+            await self.asend_one(it)
+
+    def send(self, items: list[Item]) -> None:
+        self.loop.run_until_complete(self._send(items))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.queue.close())
+        self.loop.close()
+
+
+# producer_main.py --variant NAME: the one-call-per-task producers shown beside the peers'
+VARIANTS = {"sync": LoopProducer, "async": AsyncLoopProducer}
 
 
 def serve(url: str, ready: Callable[[], None]) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
 
-PEERS = ("delayq", "arq", "rq", "dramatiq", "celery", "huey", "saq", "floor")
+PEERS = ("delayq", "arq", "rq", "dramatiq", "celery", "huey", "saq", "bullmq", "floor")
 QUEUE = "bench"  # the queue name every peer uses (each runs on its own fresh server)
 
 

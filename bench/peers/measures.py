@@ -49,6 +49,7 @@ class Sizes:
     idle_window: float = 30.0
     idle_settle: tuple[float, float] = (5.0, 30.0)  # min, max wait for the worker to settle
     produce_limit: float = 120.0
+    single_n: int = 5_000  # one call per task, each timed
     scale: tuple[int, ...] = (100_000, 1_000_000)
 
     @classmethod
@@ -64,6 +65,7 @@ class Sizes:
             idle_window=5.0,
             idle_settle=(2.0, 10.0),
             produce_limit=30.0,
+            single_n=500,
             scale=(10_000, 100_000),
         )
 
@@ -72,10 +74,11 @@ class Sizes:
 class Context:
     sizes: Sizes
     logdir: Path
+    server: str = "valkey"  # common.server_binary's flavour: "valkey" or "redis"
     rates: dict[str, float] = field(default_factory=dict)  # schedule rate per peer
 
     def log(self, peer: str, measure: str) -> Path:
-        return self.logdir / f"{peer}-{measure}.log"
+        return self.logdir / f"{self.server}-{peer}-{measure}.log"
 
     def lead(self, peer: str, n: int) -> float:
         """How far ahead to put the first due time so producing n tasks finishes first."""
@@ -197,6 +200,8 @@ def produce(
     delay_base: float | None = None,
     span: float = 0.0,
     loop: bool = False,
+    single: bool = False,
+    variant: str | None = None,
     max_seconds: float | None = None,
     measure: str = "produce",
 ) -> dict[str, Any]:
@@ -213,6 +218,8 @@ def produce(
     argv += ["--due-base", repr(due_base)] if due_base is not None else []
     argv += ["--delay-base", repr(delay_base)] if delay_base is not None else []
     argv += ["--loop"] if loop else []
+    argv += ["--single"] if single else []
+    argv += ["--variant", variant] if variant else []
     log = ctx.log(peer, measure)
     with open(log, "ab") as logf:
         proc = subprocess.Popen(
@@ -272,7 +279,7 @@ def lateness_stats(starts: list[tuple[str, float, float]], n: int) -> dict[str, 
 def m_schedule(ctx: Context, peer: str) -> dict[str, Any]:
     """One producer schedules N tasks with delays spread over 5-15 s (no worker running)."""
     n = ctx.sizes.schedule_n
-    with fresh_server() as srv:
+    with fresh_server(ctx.server) as srv:
         rep = produce(ctx, peer, srv.url, n, delay_base=5.0, span=10.0, measure="schedule")
     rate = rep["sent"] / rep["elapsed"]
     ctx.rates[peer] = rate
@@ -284,7 +291,7 @@ def m_schedule(ctx: Context, peer: str) -> dict[str, Any]:
         "complete": rep["complete"],
     }
     if peer == "delayq":  # the per-call figure, for an honest comparison with one-call APIs
-        with fresh_server() as srv:
+        with fresh_server(ctx.server) as srv:
             rep = produce(
                 ctx, peer, srv.url, n, delay_base=5.0, span=10.0, loop=True, measure="schedule"
             )
@@ -292,10 +299,48 @@ def m_schedule(ctx: Context, peer: str) -> dict[str, Any]:
     return out
 
 
+def _single(ctx: Context, peer: str, variant: str | None = None) -> dict[str, Any]:
+    n = ctx.sizes.single_n
+    with fresh_server(ctx.server) as srv:
+        rep = produce(
+            ctx,
+            peer,
+            srv.url,
+            n,
+            delay_base=5.0,
+            span=10.0,
+            single=True,
+            variant=variant,
+            measure="single",
+        )
+    lat = sorted(1e6 * x for x in rep["latencies_s"])
+    return {
+        "n": rep["n"],
+        "sent": rep["sent"],
+        "complete": rep["complete"],
+        "tasks_per_s": rep["sent"] / rep["elapsed"] if rep["elapsed"] > 0 else math.nan,
+        "p50_us": percentile(lat, 50),
+        "p99_us": percentile(lat, 99),
+        "mean_us": sum(lat) / len(lat) if lat else math.nan,
+    }
+
+
+def m_single(ctx: Context, peer: str) -> dict[str, Any]:
+    """One producer, one call per task (delays 5-15 s, no worker), each call timed.
+
+    delayq: ``Queue.schedule`` (sync), and ``await AsyncQueue.schedule`` under ``async``.
+    """
+    if peer == "delayq":
+        out = _single(ctx, peer, "sync")
+        out["async"] = _single(ctx, peer, "async")
+        return out
+    return _single(ctx, peer)
+
+
 def m_lateness(ctx: Context, peer: str) -> dict[str, Any]:
     """N tasks due uniformly over S seconds, one worker process: handler start - due."""
     n, span = ctx.sizes.lateness_n, ctx.sizes.lateness_span
-    with fresh_server() as srv:
+    with fresh_server(ctx.server) as srv:
         worker = PeerWorker(peer, srv.url, ctx.log(peer, "lateness")).start()
         try:
             time.sleep(SETTLE)
@@ -314,7 +359,7 @@ def m_lateness(ctx: Context, peer: str) -> dict[str, Any]:
 def m_drain(ctx: Context, peer: str) -> dict[str, Any]:
     """N no-op tasks due at one instant while one worker process runs: tasks/s."""
     n = ctx.sizes.drain_n
-    with fresh_server() as srv:
+    with fresh_server(ctx.server) as srv:
         meter = client(srv.url)
         worker = PeerWorker(peer, srv.url, ctx.log(peer, "drain")).start()
         try:
@@ -390,7 +435,7 @@ def m_idle(ctx: Context, peer: str) -> dict[str, Any]:
     commands run inside scripts), both without this process's own.
     """
     n, window = ctx.sizes.idle_n, ctx.sizes.idle_window
-    with fresh_server(appendonly=False) as srv:
+    with fresh_server(ctx.server, appendonly=False) as srv:
         meter = client(srv.url)
         own = meter.client_info()["addr"]
         own = own.decode() if isinstance(own, bytes) else str(own)
@@ -455,7 +500,7 @@ def m_scale(ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in ctx.sizes.scale:
         row: dict[str, Any] = {"waiting": m}
-        with fresh_server() as srv:
+        with fresh_server(ctx.server) as srv:
             meter = client(srv.url)
             with Queue("bench", url=srv.url) as q:
                 t = time.perf_counter()
@@ -510,6 +555,7 @@ def m_scale(ctx: Context) -> dict[str, Any]:
 
 MEASURES = {
     "schedule": m_schedule,
+    "single": m_single,
     "lateness": m_lateness,
     "drain": m_drain,
     "idle": m_idle,  # also memory: bytes per waiting task

@@ -13,12 +13,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Item, load
 
 CHUNK = 1000
+WARM = 20  # --single: calls made before the timed ones
 
 
 def main() -> None:
@@ -31,6 +33,12 @@ def main() -> None:
     g.add_argument("--delay-base", type=float)
     p.add_argument("--span", type=float, default=0.0)
     p.add_argument("--loop", action="store_true", help="delayq only: one schedule() per task")
+    p.add_argument(
+        "--single",
+        action="store_true",
+        help="one call per task, each call timed: p50/p99 latency in the report",
+    )
+    p.add_argument("--variant", help="with --single: the adapter's VARIANTS[name] producer")
     p.add_argument("--max-seconds", type=float, default=120)
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -44,6 +52,9 @@ def main() -> None:
         return Item(f"t{i:07d}", delay_s=args.delay_base + offset)
 
     items = [item(i) for i in range(n)]
+    if args.single:
+        single(mod, args, items)
+        return
     producer = mod.LoopProducer(args.url) if args.loop else mod.Producer(args.url)
     sent = 0
     t0 = time.perf_counter()
@@ -57,6 +68,54 @@ def main() -> None:
     producer.close()
     with open(args.out, "w") as f:
         json.dump({"n": n, "sent": sent, "elapsed": elapsed, "complete": sent == n}, f)
+
+
+def single(mod: ModuleType, args: argparse.Namespace, items: list[Item]) -> None:
+    """Each task its own call (``send_one``, ``asend_one`` awaited on the producer's loop, or
+    ``send([item])``), timed one by one; a first untimed call connects and loads scripts."""
+    cls = mod.VARIANTS[args.variant] if args.variant else mod.Producer
+    producer = cls(args.url)
+    warm, items = items[:WARM], items[WARM:]
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    if hasattr(producer, "asend_one"):
+
+        async def run(batch: list[Item], out: list[float] | None) -> None:
+            for it in batch:
+                t = time.perf_counter()
+                await producer.asend_one(it)
+                if out is not None:
+                    out.append(time.perf_counter() - t)
+                    if time.perf_counter() - t0 > args.max_seconds:
+                        break
+
+        producer.loop.run_until_complete(run(warm, None))
+        t0 = time.perf_counter()
+        producer.loop.run_until_complete(run(items, lat))
+    else:
+        one = getattr(producer, "send_one", None) or (lambda it: producer.send([it]))
+        for it in warm:
+            one(it)
+        t0 = time.perf_counter()
+        for it in items:
+            t = time.perf_counter()
+            one(it)
+            lat.append(time.perf_counter() - t)
+            if time.perf_counter() - t0 > args.max_seconds:
+                break
+    elapsed = time.perf_counter() - t0
+    producer.close()
+    with open(args.out, "w") as f:
+        json.dump(
+            {
+                "n": len(items),
+                "sent": len(lat),
+                "elapsed": elapsed,
+                "complete": len(lat) == len(items),
+                "latencies_s": lat,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

