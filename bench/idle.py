@@ -2,8 +2,10 @@
 
 A MONITOR connection (a raw socket, so it adds nothing to the count) sees every command a
 client sends, and marks the ones run inside a Lua script ``[0 lua]``; those are not sent
-by the worker and are not counted. The worker is started, given 2 s to settle (its start-up
-commands are reported apart), then watched for 30 s. Cross-checks: ``INFO commandstats``
+by the worker and are not counted (the executed rate, which counts them, is shown too). On
+Valkey 8 (bundled) and on Redis 7.0 (/usr/bin/redis-server), each fresh. The worker is
+started, given 2 s to settle (its start-up commands are reported apart), then watched for
+30 s. Cross-checks: ``INFO commandstats``
 per-command deltas and the ``total_commands_processed`` delta, less this benchmark's own
 INFO calls (that total also counts commands run inside scripts).
 """
@@ -75,10 +77,18 @@ def _top_level(stats: dict[str, dict[str, int]]) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
+SERVERS = ("valkey", "redis")  # Valkey 8 (bundled) and Redis 7.0 (/usr/bin/redis-server)
+
+
 def run(rep: Report) -> None:
+    for flavour in SERVERS:
+        one(rep, flavour)
+
+
+def one(rep: Report, flavour: str) -> None:
     window = WINDOW * rep.scale
     name = f"idle-{secrets.token_hex(3)}"
-    with fresh_server() as srv:
+    with fresh_server(flavour) as srv:
         meter = client(srv.url)
         own_addr = meter.client_info()["addr"]
         own_addr = own_addr.decode() if isinstance(own_addr, bytes) else str(own_addr)
@@ -99,7 +109,9 @@ def run(rep: Report) -> None:
         finally:
             report = worker.stop()
             mon.stop()
-        report_idle(rep, srv, mon, own_addr, (w0, w1), (before, after), total1 - total0, report)
+        report_idle(
+            rep, srv, mon, own_addr, (w0, w1), (before, after), total1 - total0, report, flavour
+        )
         meter.close()
 
 
@@ -112,6 +124,7 @@ def report_idle(
     stats: tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]],
     total_delta: int,
     worker_report: dict[str, object],
+    flavour: str = "valkey",
 ) -> None:
     w0, w1 = window
     length = w1 - w0
@@ -146,8 +159,9 @@ def report_idle(
         f"total_commands_processed delta less ours: {total_less_ours} "
         f"(includes {lua_inside} commands run inside scripts, which MONITOR saw)"
     )
+    rep.line(f"commands executed, those inside scripts included: {total_less_ours / length:.3f}/s")
     rep.figure(
-        "idle",
+        "idle" if flavour == "valkey" else f"idle_{flavour}",
         {
             "window_s": length,
             "commands": len(inside),
@@ -158,7 +172,9 @@ def report_idle(
             "lua_inner": lua_inside,
             "commandstats_delta": delta,
             "total_commands_processed_delta": total_less_ours,
+            "executed_per_s": total_less_ours / length,
+            "server": short_version(srv),
             "worker_started_tasks": worker_report.get("started"),
         },
     )
-    rep.bar("idle worker commands per second", rate, "<=", BAR_PER_S, "cmd/s")
+    rep.bar(f"idle worker commands per second ({flavour})", rate, "<=", BAR_PER_S, "cmd/s")

@@ -7,19 +7,36 @@
    waiting), since the runner sends 8 script calls per round trip and waits for them.
 2. 5,000 sequential ``Queue.schedule`` calls against 5,000 bare redis-py ``ZADD`` round
    trips on the same server, alternated three times; bar on the ratio of the means.
+3. One ``schedule()`` per task, the way a web handler calls it, on Valkey 8 and Redis 7.0:
+   sync ``Queue.schedule`` and ``await AsyncQueue.schedule`` (p50/p99 per call, calls/s),
+   and where a call's Python-side microseconds go, each step timed alone: validation
+   (``TaskSpec``), encoding (``QueueCore.encode_tasks``), the plan (the script call's keys
+   and args, ``QueueCore.schedule`` less encoding), redis-py packing the EVALSHA; against a
+   bare redis-py ``PING``, ``ZADD`` and the same ``EVALSHA`` sent directly (its args built
+   beforehand), so what is left is the runner's own overhead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
-from common import Report, client, fmt_int, fresh_server, median, server_cpu, short_version
+from common import (
+    Report,
+    client,
+    fmt_int,
+    fresh_server,
+    median,
+    percentile,
+    server_cpu,
+    short_version,
+)
 
-from delayq import Queue, TaskSpec
+from delayq import AsyncQueue, Queue, TaskSpec
 from delayq.queue import SCHEDULE_BATCH
 
 NAME = "schedule"
@@ -34,6 +51,9 @@ MANY_BAR = 80_000.0
 RATIO_BAR = 2.0
 
 
+SERVERS = ("valkey", "redis")  # single(): one schedule() per task on each
+
+
 def run(rep: Report) -> None:
     with fresh_server() as srv:
         rep.line(f"server {short_version(srv)} (AOF everysec, as EmbeddedServer runs it)")
@@ -43,6 +63,9 @@ def run(rep: Report) -> None:
             sequential(rep, srv.url, meter, rep.n(SEQUENTIAL))
         finally:
             meter.close()
+    for flavour in SERVERS:
+        with fresh_server(flavour) as srv:
+            single(rep, flavour, srv.url, short_version(srv), rep.n(SEQUENTIAL))
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
@@ -185,3 +208,149 @@ def sequential(rep: Report, url: str, meter: redis.Redis, n: int) -> None:
     )
     rep.bar("schedule() / bare ZADD mean time per call", ratio, "<=", RATIO_BAR, "x")
     rep.line(f"  ({fmt_int(1e6 / s)} schedule calls/s sequentially)")
+
+
+# -- one schedule() per task, and where its time goes ------------------------------------
+
+
+def _per_call(fn: Callable[[int], Any], n: int) -> list[float]:
+    """Microseconds of each of n calls."""
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append(1e6 * (time.perf_counter() - t))
+    return out
+
+
+async def _aper_call(fn: Callable[[int], Any], n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        await fn(i)
+        out.append(1e6 * (time.perf_counter() - t))
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _dist(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {
+        "mean_us": _mean(s),
+        "p50_us": percentile(s, 50),
+        "p99_us": percentile(s, 99),
+        "calls_per_s": 1e6 * len(s) / sum(s),
+    }
+
+
+def single(rep: Report, flavour: str, url: str, version: str, n: int) -> None:
+    """One schedule() per task on one server: latency, rate, and the Python-side steps."""
+    rep.line("")
+    rep.line(f"one schedule() per task on {version}: {n:,} calls each, after 200 warm-up calls")
+    bare = client(url)
+    zkey = f"bench:zadd:{secrets.token_hex(3)}"
+    rows: dict[str, dict[str, float]] = {}
+    with Queue(f"one-{secrets.token_hex(3)}", url=url) as q:
+        for _ in range(200):
+            q.schedule(KIND, PAYLOAD, delay=3600)
+        rows["Queue.schedule (sync)"] = _dist(
+            _per_call(lambda i: q.schedule(KIND, PAYLOAD, delay=3600), n)
+        )
+        # The same script call sent directly: its keys and args built beforehand.
+        ops = [q.core.schedule([TaskSpec(KIND, PAYLOAD, delay=3600)]) for _ in range(n)]
+        sha = ops[0].script.sha
+        rows["bare EVALSHA, same script and args"] = _dist(
+            _per_call(lambda i: bare.evalsha(sha, len(ops[i].keys), *ops[i].keys, *ops[i].args), n)
+        )
+        rows["bare ZADD"] = _dist(_per_call(lambda i: bare.zadd(zkey, {f"m{i}": i}), n))
+        rows["bare PING"] = _dist(_per_call(lambda i: bare.ping(), n))
+        steps = _steps(q, bare, n)
+    rows.update(asyncio.run(_async_rows(url, n)))
+    bare.close()
+    rep.line(f"  {'':40s} {'mean':>7s} {'p50':>7s} {'p99':>7s} us  {'calls/s':>8s}")
+    for name, d in rows.items():
+        rep.line(
+            f"  {name:40s} {d['mean_us']:7.1f} {d['p50_us']:7.1f} {d['p99_us']:7.1f}     "
+            f"{d['calls_per_s']:8,.0f}"
+        )
+    sync = rows["Queue.schedule (sync)"]["mean_us"]
+    direct = rows["bare EVALSHA, same script and args"]["mean_us"]
+    python_side = steps["validate_us"] + steps["encode_us"] + steps["plan_us"]
+    rep.line("  Python-side steps of one sync call, each timed alone (mean us):")
+    for label, key in (
+        ("validation: TaskSpec(kind, payload, delay=...)", "validate_us"),
+        ("encoding: QueueCore.encode_tasks (id, header, payload)", "encode_us"),
+        ("plan: the script call's keys and args (QueueCore.schedule less encoding)", "plan_us"),
+        ("client packing: redis-py pack_commands of the EVALSHA", "pack_us"),
+    ):
+        rep.line(f"    {label:76s} {steps[key]:6.2f}")
+    rest = sync - python_side - direct
+    label = "rest: the runner, plan and reply parsing (sync call - steps - bare EVALSHA)"
+    rep.line(f"    {label:76s} {rest:6.2f}")
+    server = steps["server_us"]
+    label = "server time per schedule.lua call (INFO commandstats; in bare EVALSHA)"
+    rep.line(f"    {label:76s} {server:6.2f}  (ZADD: {steps['server_zadd_us']:.2f})")
+    rep.figure(
+        f"single_{flavour}",
+        {"server": version, "n": n, "rows": rows, "steps": steps, "rest_us": rest},
+    )
+
+
+def _steps(q: Queue, bare: redis.Redis, n: int) -> dict[str, float]:
+    spec = TaskSpec(KIND, PAYLOAD, delay=3600)
+
+    def validate(i: int) -> None:
+        TaskSpec(KIND, PAYLOAD, delay=3600)
+
+    validate_us = _mean(_per_call(validate, n))
+    with_id = TaskSpec(KIND, PAYLOAD, delay=3600, task_id=f"t-{secrets.token_hex(8)}")
+    encode_us = _mean(_per_call(lambda i: q.core.encode_tasks([with_id]), n))
+    build_us = _mean(_per_call(lambda i: q.core.schedule([spec]), n))
+    op = q.core.schedule([spec])
+    conn = bare.connection_pool.get_connection()
+    try:
+        cmd = [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)]
+        pack_us = _mean(_per_call(lambda i: conn.pack_commands(cmd), n))
+    finally:
+        bare.connection_pool.release(conn)
+    c0, u0 = _cmdstat(bare, "evalsha")
+    z0, zu0 = _cmdstat(bare, "zadd")
+    for _ in range(n):
+        q.schedule(KIND, PAYLOAD, delay=3600)
+    for i in range(n):
+        bare.zadd("bench:zadd:steps", {f"m{i}": i})
+    c1, u1 = _cmdstat(bare, "evalsha")
+    z1, zu1 = _cmdstat(bare, "zadd")
+    return {
+        "validate_us": validate_us,
+        "encode_us": encode_us,
+        "plan_us": max(0.0, build_us - encode_us),
+        "pack_us": pack_us,
+        "server_us": (u1 - u0) / max(c1 - c0, 1),
+        "server_zadd_us": (zu1 - zu0) / max(z1 - z0, 1),
+    }
+
+
+async def _async_rows(url: str, n: int) -> dict[str, dict[str, float]]:
+    import redis.asyncio as aredis
+
+    rows: dict[str, dict[str, float]] = {}
+    bare = aredis.Redis.from_url(url)
+    q = AsyncQueue(f"aone-{secrets.token_hex(3)}", url=url)
+    try:
+        for _ in range(200):
+            await q.schedule(KIND, PAYLOAD, delay=3600)
+        rows["await AsyncQueue.schedule"] = _dist(
+            await _aper_call(lambda i: q.schedule(KIND, PAYLOAD, delay=3600), n)
+        )
+        rows["await bare ZADD (redis.asyncio)"] = _dist(
+            await _aper_call(lambda i: bare.zadd("bench:azadd", {f"m{i}": i}), n)
+        )
+        rows["await bare PING (redis.asyncio)"] = _dist(await _aper_call(lambda i: bare.ping(), n))
+    finally:
+        await q.close()
+        await bare.aclose()
+    return rows
