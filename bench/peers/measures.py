@@ -313,8 +313,10 @@ def _single(ctx: Context, peer: str, variant: str | None = None) -> dict[str, An
             variant=variant,
             measure="single",
         )
+        version = srv.version  # type: ignore[attr-defined]
     lat = sorted(1e6 * x for x in rep["latencies_s"])
     return {
+        "server": version,
         "n": rep["n"],
         "sent": rep["sent"],
         "complete": rep["complete"],
