@@ -316,11 +316,15 @@ def servers_text(by_server: dict[str, Results]) -> str:
     return "\n".join(lines)
 
 
+def _load(v: Any) -> str:
+    return " ".join(f"{x:.2f}" for x in v) if isinstance(v, list | tuple) else "?"
+
+
 def markdown_all(doc: dict[str, Any]) -> str:
     """Every server's tables as Markdown, for docs/benchmarks.md."""
     out = [
         f"Run {doc['started']}, commit {doc['commit']}, {doc['machine']['nproc']} x "
-        f"{doc['machine']['cpu']}, load average at start {doc['machine']['loadavg_start']}"
+        f"{doc['machine']['cpu']}, load average at start {_load(doc['machine']['loadavg_start'])}"
         f"{' [--quick]' if doc['quick'] else ''}",
     ]
     for flavour, run in doc["servers"].items():
@@ -328,7 +332,7 @@ def markdown_all(doc: dict[str, Any]) -> str:
         out += [
             "",
             f"## {flavour}: {run['server']}",
-            f"load average {run.get('loadavg_start')} -> {run.get('loadavg_end')}",
+            f"load average {_load(run.get('loadavg_start'))} -> {_load(run.get('loadavg_end'))}",
             "",
             run.get("table_markdown", ""),
             "",
