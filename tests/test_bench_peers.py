@@ -73,7 +73,7 @@ def test_a_missing_peer_is_skipped_with_a_clear_line(peers: dict[str, ModuleType
     }
     assert report.errors_text(results) == []  # not an error: the run still exits 0
     (line,) = report.skipped_text(results)
-    assert line.startswith("bullmq: not installed (no module bullmq)")
+    assert line.startswith("bullmq: not installed or does not import (no module bullmq)")
     row = next(r for r in report.table_rows(results, {}) if r[0] == "bullmq")
     assert set(row[2:]) == {"skipped"}
     bars = report.bars(results)
@@ -82,6 +82,19 @@ def test_a_missing_peer_is_skipped_with_a_clear_line(peers: dict[str, ModuleType
     assert single == {"arq": 2.0}
     rows = {r[0]: r for r in report.single_rows(results)}
     assert rows["arq"][-1] == "2.00x" and rows["bullmq"][1] == "skipped"
+
+
+def test_a_peer_that_fails_to_import_is_skipped(
+    peers: dict[str, ModuleType], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by find_spec but broken (a dependency of its own missing): skipped, not run."""
+    (tmp_path / "brokenpeer").mkdir()
+    (tmp_path / "brokenpeer" / "__init__.py").write_text("import no_such_dependency_here\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    why = peers["run"].import_error("brokenpeer")
+    assert "No module named 'no_such_dependency_here'" in why
+    assert peers["run"].import_error("json") == ""
 
 
 def test_server_flag_defaults_to_both(peers: dict[str, ModuleType]) -> None:

@@ -94,20 +94,41 @@ def describe(peer: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[dist] = None
     missing = [m for m in mod.MODULES if importlib.util.find_spec(m) is None]
+    if not missing:  # present; it must also import (in a child: peers keep global state)
+        missing = [m for m in mod.MODULES if (why := import_error(m))]
+        if missing:
+            return {**_info(mod, versions), "missing": [f"{missing[0]} ({why})"]}
+    return {**_info(mod, versions), "missing": missing}
+
+
+def import_error(module: str) -> str:
+    """ "" when ``module`` imports in a fresh interpreter, else the error's last line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode == 0:
+        return ""
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def _info(mod: Any, versions: dict[str, str | None]) -> dict[str, Any]:
     return {
         "versions": versions,
         "version": versions.get(mod.DISTS[0]) or "missing",
         "settings": mod.SETTINGS,
         "poll": mod.POLL,
         "produce": mod.PRODUCE,
-        "missing": missing,
     }
 
 
 def run_peer(ctx: Context, peer: str, names: list[str], info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if info["missing"]:
-        why = f"not installed (no module {', '.join(info['missing'])}): pip install -e '.[peers]'"
+        why = (
+            f"not installed or does not import (no module {', '.join(info['missing'])}): "
+            "pip install -e '.[peers]'"
+        )
         print(f"  {peer:9s} skipped: {why}", flush=True)
         return {name: {"skipped": why} for name in names if name != "scale"}
     for name in names:
