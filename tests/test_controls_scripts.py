@@ -152,3 +152,24 @@ def test_a_sharded_queue_splits_the_rate_between_its_shards(server: object, qnam
         assert not queue.paused() and queue.controls().tokens == 12
     finally:
         queue.close()
+
+
+def _hmget_calls(queue: Queue) -> int:
+    stats = queue.client.info("commandstats")
+    return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+
+def test_an_idle_look_does_not_read_the_controls(queue: Queue) -> None:
+    """An idle worker's claim every max_wait must cost what it did before the controls: the
+    control key is read only by a claim that finds a task due (seen failing with it read
+    on every call)."""
+    r, k = queue.client, queue.core.keys
+    seed(r, k, S(scheduled={"later": NOW + 60_000}, tasks={"later": T()}))
+    queue.pause()
+    before = _hmget_calls(queue)
+    got = _claim(queue, NOW)
+    assert got.tasks == [] and got.next_due_ms == NOW + 60_000  # type: ignore[attr-defined]
+    assert _hmget_calls(queue) == before
+    got = _claim(queue, NOW + 60_000)  # due now, and paused: the controls are read
+    assert got.tasks == [] and got.next_due_ms is None  # type: ignore[attr-defined]
+    assert _hmget_calls(queue) == before + 1

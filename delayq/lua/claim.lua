@@ -28,9 +28,9 @@
 --          the payload's. A record whose header cannot be decoded goes to the dead set.
 -- The record is not rewritten: the attempt's token, number and due time go to the attempts
 -- hash (dq_attempt_text), a few bytes per task.
--- Admission (the control key, one HMGET per call; see lib/admit.lua): while the shard is
--- paused nothing is claimed and next_due is -1 (resume publishes a wake-up); expired leases
--- are still reaped. A rate limit takes one token per task claimed; when due tasks are left
+-- Admission (the control key, one HMGET per call that finds a task due; see lib/admit.lua):
+-- while the shard is paused nothing is claimed and next_due is -1 (resume publishes a
+-- wake-up); expired leases are still reaped. A rate limit takes one token per task claimed; when due tasks are left
 -- for want of tokens, next_token is when the next one is available (else -1). With rooms,
 -- a kind whose room is used up is skipped: its tasks stay scheduled for other workers, and
 -- the claim looks at most ADMIT_SCAN rows past limit for other kinds. Then next_due is the
@@ -57,10 +57,15 @@ end
 local limit = tonumber(A.limit)
 local out = {now_us, -1, -1, -1}
 local head = dq_head(K.scheduled)
-local gate = dq_admit_gate(K.control, now, limit)
 local horizon = now + tonumber(A.lookahead_ms)
 local taken, skipped, cut = 0, 0, false
-if gate then limit = gate.limit end
+-- The controls matter only to a claim that finds a task due: an idle look does not read
+-- them (it would be one more command every max_wait for every idle worker).
+local gate = nil
+if limit > 0 and head and head <= horizon then
+  gate = dq_admit_gate(K.control, now, limit)
+  if gate then limit = gate.limit end
+end
 if limit > 0 and head and head <= horizon then
   local rooms = dq_admit_rooms(REST)
   local scan = limit
