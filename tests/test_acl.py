@@ -120,6 +120,8 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         assert queue.reschedule("later", delay=0.05)
         queue.schedule("ok", None, delay=3600, task_id="never")
         assert queue.cancel("never")
+        queue.schedule("ok", None, delay=3600, task_id="stopped")
+        assert queue.abort("stopped")
 
         async def from_asyncio() -> str:
             async with AsyncQueue("orders", url=acl.url) as aq:
@@ -146,7 +148,7 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert queue.cancel("stuck")
     with Admin(acl.url) as admin:  # resharding runs as the user too
         moved = operate.reshard(admin, "orders", 2)
-    assert moved.ok and moved.done == 5, moved
+    assert moved.ok and moved.done == 6, moved  # 5 done, 1 aborted
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...
