@@ -28,10 +28,27 @@ local old_head = dq_head(K.scheduled)
 local min_due = false
 local created = 0
 local out = {}
-local fresh = {}  -- ids new to the queue
+local fresh, nf = {}, 0  -- ids new to the queue
+local no = 0
+
+-- The scheduled set is written with one variadic ZADD per ZADD_BATCH tasks, not one ZADD
+-- per task: a known id's checks (below) flush what is pending first, so they read the set
+-- as if each task had been written at once.
+local ZADD_BATCH = 1000
+local zargs, nz = {}, 0
+
+local function flush()
+  if nz > 0 then
+    redis.call('ZADD', K.scheduled, unpack(zargs, 1, nz))
+    nz = 0
+  end
+end
 
 local function enqueue(id, due)
-  redis.call('ZADD', K.scheduled, due, id)
+  zargs[nz + 1] = due
+  zargs[nz + 2] = id
+  nz = nz + 2
+  if nz >= 2 * ZADD_BATCH then flush() end
   if not min_due or due < min_due then min_due = due end
 end
 
@@ -56,10 +73,11 @@ for i = REST, #ARGV, 3 do
   if redis.call('HSETNX', K.tasks, id, rec) == 1 then
     -- Every known task has a record, so no record means a new id: the common, cheap case.
     enqueue(id, due); status = 1
-    fresh[#fresh + 1] = id
+    nf = nf + 1
+    fresh[nf] = id
   elseif redis.call('ZSCORE', K.active, id) then
     if replace then status = 3 end  -- never replaced; the caller is told
-  elseif redis.call('ZSCORE', K.scheduled, id) then
+  elseif flush() or redis.call('ZSCORE', K.scheduled, id) then  -- (flush returns nil)
     if replace then
       move(id, due, rec); status = 2
     end
@@ -85,12 +103,14 @@ for i = REST, #ARGV, 3 do
     end
   end
   if status == 1 or status == 2 then created = created + 1 end
-  out[#out + 1] = status
+  no = no + 1
+  out[no] = status
 end
+flush()
 -- A new id has no attempt state, unless a script of an earlier version deleted its record
 -- and left the entry (they knew no attempts hash): a new task must not inherit it.
-for i = 1, #fresh, 1000 do
-  redis.call('HDEL', K.attempts, unpack(fresh, i, math.min(i + 999, #fresh)))
+for i = 1, nf, 1000 do
+  redis.call('HDEL', K.attempts, unpack(fresh, i, math.min(i + 999, nf)))
 end
 if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)

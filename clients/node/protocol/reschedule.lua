@@ -31,7 +31,7 @@ end
 
 -- "+<ms>" is relative to now; anything else is an absolute ms timestamp.
 local function dq_due(spec, now)
-  if string.sub(spec, 1, 1) == '+' then return now + tonumber(string.sub(spec, 2)) end
+  if string.byte(spec) == 43 then return now + tonumber(string.sub(spec, 2)) end  -- '+'
   return tonumber(spec)
 end
 
