@@ -31,53 +31,68 @@ local out = {}
 local fresh, nf = {}, 0  -- ids new to the queue
 local no = 0
 
--- The scheduled set is written with one variadic ZADD per ZADD_BATCH tasks, not one ZADD
--- per task: a known id's checks (below) flush what is pending first, so they read the set
--- as if each task had been written at once.
-local ZADD_BATCH = 1000
-local zargs, nz = {}, 0
+-- New ids, the common case, cost no command each: one HMGET of the records per BATCH tasks
+-- tells them apart, and their records and due times are written by one variadic HSET and
+-- one ZADD per batch. A known id's checks (below) flush what is pending first, so they
+-- read the keys as if each task had been written at once; an id given twice in one call
+-- is known the second time (seen).
+local BATCH = 1000
+local hargs, zargs, nz = {}, {}, 0
+local seen = {}
 
 local function flush()
   if nz > 0 then
+    redis.call('HSET', K.tasks, unpack(hargs, 1, nz))
     redis.call('ZADD', K.scheduled, unpack(zargs, 1, nz))
     nz = 0
   end
 end
 
-local function enqueue(id, due)
+local function enqueue(id, due, rec)
+  hargs[nz + 1] = id
+  hargs[nz + 2] = rec
   zargs[nz + 1] = due
   zargs[nz + 2] = id
   nz = nz + 2
-  if nz >= 2 * ZADD_BATCH then flush() end
   if not min_due or due < min_due then min_due = due end
 end
 
 -- A new incarnation of a known id: a new record, and its attempts start again from none.
 local function put(id, due, rec)
-  redis.call('HSET', K.tasks, id, rec)
   redis.call('HDEL', K.attempts, id)
-  enqueue(id, due)
+  enqueue(id, due, rec)
 end
 
 -- A waiting task replaced: a new record and due time, but the attempts it has made (its
 -- attempts entry) and its last error stay, so a producer that always replaces cannot keep a
 -- failing task from dying.
 local function move(id, due, rec)
-  redis.call('HSET', K.tasks, id, rec)
-  enqueue(id, due)
+  enqueue(id, due, rec)
 end
 
+local ids, known, j = {}, {}, 0
 for i = REST, #ARGV, 3 do
+  if j == 0 then
+    flush()
+    local n = 0
+    for b = i, math.min(i + 3 * BATCH - 1, #ARGV), 3 do
+      n = n + 1
+      ids[n] = ARGV[b]
+    end
+    known = redis.call('HMGET', K.tasks, unpack(ids, 1, n))
+  end
+  j = j + 1
   local id, due, rec = ARGV[i], dq_due(ARGV[i + 1], now), ARGV[i + 2]
   local status = 0
-  if redis.call('HSETNX', K.tasks, id, rec) == 1 then
+  if not known[j] and not seen[id] then
     -- Every known task has a record, so no record means a new id: the common, cheap case.
-    enqueue(id, due); status = 1
+    seen[id] = true
+    enqueue(id, due, rec); status = 1
     nf = nf + 1
     fresh[nf] = id
-  elseif redis.call('ZSCORE', K.active, id) then
+  elseif flush() or redis.call('ZSCORE', K.active, id) then  -- (flush returns nil)
     if replace then status = 3 end  -- never replaced; the caller is told
-  elseif flush() or redis.call('ZSCORE', K.scheduled, id) then  -- (flush returns nil)
+  elseif redis.call('ZSCORE', K.scheduled, id) then
     if replace then
       move(id, due, rec); status = 2
     end
@@ -105,6 +120,7 @@ for i = REST, #ARGV, 3 do
   if status == 1 or status == 2 then created = created + 1 end
   no = no + 1
   out[no] = status
+  if j == BATCH then j = 0 end
 end
 flush()
 -- A new id has no attempt state, unless a script of an earlier version deleted its record
