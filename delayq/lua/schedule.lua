@@ -35,14 +35,15 @@ local no = 0
 -- tells them apart, and their records and due times are written by one variadic HSET and
 -- one ZADD per batch. A known id's checks (below) flush what is pending first, so they
 -- read the keys as if each task had been written at once; an id given twice in one call
--- is known the second time (seen).
+-- is known the second time (seen). A batch of one task (a single schedule) takes one HSETNX
+-- instead, which also writes the record of a new id (written).
 local BATCH = 1000
 local hargs, zargs, nz = {}, {}, 0
-local seen = {}
+local written = false
 
 local function flush()
   if nz > 0 then
-    redis.call('HSET', K.tasks, unpack(hargs, 1, nz))
+    if not written then redis.call('HSET', K.tasks, unpack(hargs, 1, nz)) end
     redis.call('ZADD', K.scheduled, unpack(zargs, 1, nz))
     nz = 0
   end
@@ -70,23 +71,32 @@ local function move(id, due, rec)
   enqueue(id, due, rec)
 end
 
-local ids, known, j = {}, {}, 0
+-- known: the batch's records (nil for a batch of one: then had, whether its id has one).
+local ids, seen, known, had, j = nil, nil, nil, false, 0
 for i = REST, #ARGV, 3 do
   if j == 0 then
     flush()
-    local n = 0
-    for b = i, math.min(i + 3 * BATCH - 1, #ARGV), 3 do
-      n = n + 1
-      ids[n] = ARGV[b]
+    if i + 2 >= #ARGV then
+      written = redis.call('HSETNX', K.tasks, ARGV[i], ARGV[i + 2]) == 1
+      known, had = nil, not written
+    else
+      written = false
+      ids, seen = ids or {}, seen or {}
+      local n = 0
+      for b = i, math.min(i + 3 * BATCH - 1, #ARGV), 3 do
+        n = n + 1
+        ids[n] = ARGV[b]
+      end
+      known = redis.call('HMGET', K.tasks, unpack(ids, 1, n))
     end
-    known = redis.call('HMGET', K.tasks, unpack(ids, 1, n))
   end
   j = j + 1
   local id, due, rec = ARGV[i], dq_due(ARGV[i + 1], now), ARGV[i + 2]
   local status = 0
-  if not known[j] and not seen[id] then
+  if known then had = known[j] or seen[id] end
+  if not had then
     -- Every known task has a record, so no record means a new id: the common, cheap case.
-    seen[id] = true
+    if seen then seen[id] = true end
     enqueue(id, due, rec); status = 1
     nf = nf + 1
     fresh[nf] = id
