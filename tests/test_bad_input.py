@@ -92,7 +92,6 @@ def test_backoff_is_capped_and_a_broken_backoff_function_is_named() -> None:
         make_handler("k", lambda task: None, max_attempts=2**70)
 
 
-
 def test_a_bad_worker_duration_is_a_configuration_error(queue: Queue) -> None:
     """Found by review: a negative lease (or grace, lookahead, max_wait, handler timeout)
     raised a task's InvalidTaskError, unlike every other bad worker option."""
@@ -106,6 +105,7 @@ def test_a_bad_worker_duration_is_a_configuration_error(queue: Queue) -> None:
         worker.configure(lease="30")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="timeout must be finite"):
         worker.handler("k", timeout=math.inf)(lambda task: None)
+
 
 def test_payload_limit_is_configurable(server: EmbeddedServer, qname: str) -> None:
     with Queue(qname, url=server.url, max_payload=100) as q:
