@@ -47,11 +47,5 @@ end
 
 -- Forget aborted records whose dedupe window has passed, a few per call (ack trims the done
 -- set; aborts are rare, so the aborted set is trimmed here, off the workers' path).
-local old = redis.call('ZRANGEBYSCORE', K.aborted, '-inf', now - dedupe, 'LIMIT', 0,
-  tonumber(A.trim_limit))
-if #old > 0 then
-  redis.call('ZREM', K.aborted, unpack(old))
-  dq_forget(K, old)
-  dq_unwatch(K, old)
-end
+dq_trim_finished(K, K.aborted, now - dedupe, tonumber(A.trim_limit))
 return status

@@ -45,10 +45,5 @@ if na > 0 then
 end
 
 -- Forget finished records whose dedupe window has passed, a few per call.
-local old = redis.call('ZRANGEBYSCORE', K.done, '-inf', now - dedupe, 'LIMIT', 0, tonumber(A.trim_limit))
-if #old > 0 then
-  redis.call('ZREM', K.done, unpack(old))
-  dq_forget(K, old)
-  dq_unwatch(K, old)
-end
+dq_trim_finished(K, K.done, now - dedupe, tonumber(A.trim_limit))
 return refused
