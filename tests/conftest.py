@@ -12,8 +12,10 @@ import secrets
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,11 +81,16 @@ class WorkerThread:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            await self.worker.serve()
+
         try:
-            asyncio.run(self.worker.serve())
+            asyncio.run(serve())
         except BaseException as e:  # surfaced by stop()
             self.error = e
 
@@ -91,13 +98,29 @@ class WorkerThread:
         self.thread.start()
         return self.worker
 
+    def where(self) -> str:
+        """The thread's stack and its loop's pending tasks, to tell why it did not stop."""
+        frame = sys._current_frames().get(self.thread.ident or 0)
+        lines = traceback.format_stack(frame) if frame is not None else ["(no frame)"]
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            for t in list(asyncio.all_tasks(loop)):
+                lines.append(f"{t!r} awaits:\n")
+                coro: Any = t.get_coro()
+                while coro is not None:  # down the chain of awaits, to where it waits
+                    frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                    if frame is not None:
+                        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno}\n")
+                    coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        return "".join(lines)
+
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self, timeout: float = 30) -> None:
         self.worker.stop()
         self.thread.join(timeout)
-        assert not self.thread.is_alive(), "worker did not stop"
+        assert not self.thread.is_alive(), f"worker did not stop; where it is:\n{self.where()}"
         if self.error:
             raise self.error
 

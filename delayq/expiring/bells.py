@@ -31,6 +31,8 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import str_if_bytes
 
+from delayq.cancel import cancel_and_wait
+
 log = logging.getLogger("delayq.expiry")
 
 REFRESH_S = 5.0  # look at the primaries this often when all is well
@@ -99,9 +101,7 @@ class ClusterBells:
         self.listeners.clear()
         if self._teller is not None:
             tasks.append(self._teller)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
     # -- the topology ------------------------------------------------------------------------
 
@@ -126,8 +126,7 @@ class ClusterBells:
             if name not in primaries:  # demoted, or gone: its expiries are not its own now
                 log.info("expiry bell: %s is no longer a primary; unsubscribing", name)
                 task = self.listeners.pop(name)
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait([task])
         self.refused &= primaries.keys()
         for name in list(self.modes):
             if name not in primaries:

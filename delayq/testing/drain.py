@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from delayq import leasing
+from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.core import QueueCore, as_str
 from delayq.errors import ConfigurationError, Defer, Discard, Fail, Retry
@@ -204,9 +205,7 @@ class _Drain:
             self.drained.infos = {i: info for i, info in zip(ids, infos, strict=True) if info}
         finally:
             ctx.stop()
-            for t in ctx.loops:  # the cron ticker, started by its start-up hook
-                t.cancel()
-            await asyncio.gather(*ctx.loops, return_exceptions=True)
+            await cancel_and_wait(ctx.loops)  # the cron ticker, started by its start-up hook
             await client.aclose()
         if self.raise_errors and self.first_error is not None:
             raise self.first_error

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from delayq import controls, hooks, leasing
+from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.cron.worker import Schedules
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
@@ -531,9 +532,7 @@ class Worker:
         finally:
             await self._shutdown()
             loops = [t for c in ctxs for t in c.loops]  # the cron tickers too (start-up hooks)
-            for t in loops:
-                t.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await cancel_and_wait(loops)
             self.threads.shutdown()
             if self.threads.busy:
                 log.warning(
