@@ -167,6 +167,9 @@ class StandInStorage(ThreadingHTTPServer):
     the pattern, just something to call. :meth:`close` also releases hanging requests."""
 
     daemon_threads = True
+    # Every task calls at once: a backlog of socketserver's default 5 drops connections on a
+    # busy machine, and the client's connect then times out.
+    request_queue_size = 64
 
     def __init__(self, script: dict[str, list[Answer]]) -> None:
         super().__init__(("127.0.0.1", 0), _StandInHandler)

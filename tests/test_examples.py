@@ -216,7 +216,7 @@ def test_flaky_http_outcomes_follow_the_classification(
         storage.url,
         queue=qname,
         redis_url=server.url,
-        timeout=0.3,
+        timeout=1.0,  # generous for a loaded machine; the "hang" answers outlast it
         backoff=(0.05, 0.1),
         max_attempts=3,
         alert=alerts.append,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pickle
 import sys
@@ -27,9 +28,12 @@ def state(queue: Queue, tid: str) -> str | None:
 
 
 def test_an_error_text_with_a_lone_surrogate_is_recorded_and_other_results_still_written(
-    queue: Queue, run_worker: Any
+    queue: Queue, run_worker: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Finding 1: the retry's error text could not be encoded, and the result writer died.
+    # The worker's log of the failure carries the lone surrogate in its traceback, which a
+    # test report cannot be sent with between pytest-xdist processes: not captured here.
+    caplog.set_level(logging.CRITICAL, logger="delayq")
     worker = Worker(queue, concurrency=4)
     path = os.fsdecode(b"/data/\xff.csv")
 
