@@ -34,6 +34,7 @@ import memory
 import node_producer
 import otel
 import processes
+import scaling
 import schedule
 import server_cost
 import soak
@@ -60,6 +61,7 @@ BENCHMARKS = {
         processes,
         soak,
         cluster,
+        scaling,
         ten_million,
     )
 }
