@@ -28,8 +28,8 @@ import secrets
 import time
 from typing import Any
 
-from cluster import Bench, Case, Child, bench_for
-from common import REDIS7, Report, server_binary
+from cluster import Bench, Case, Child, bench_for, machine_cpu
+from common import REDIS7, Report, proc_cpu, server_binary
 
 from delayq import Queue, TaskSpec
 from delayq.embedded import server_version
@@ -133,6 +133,7 @@ def one(b: Bench, n: int) -> dict[str, Any]:
                 )
             r1 = read(b)
             time.sleep(max(0.0, due - time.time() - 0.1))
+            m1, ours1 = machine_cpu(), [proc_cpu(w.pid) for w in workers] + [proc_cpu(os.getpid())]
             prim = len(b.primaries)
             # A primary's last ack: when its count last grew (its share is known only at
             # the end, so each primary's time is that of its count's last change).
@@ -150,6 +151,7 @@ def one(b: Bench, n: int) -> dict[str, Any]:
                     break
                 time.sleep(POLL)
             r2 = read(b)
+            m2, ours2 = machine_cpu(), [proc_cpu(w.pid) for w in workers] + [proc_cpu(os.getpid())]
         finally:
             reports = [w.stop() for w in workers]
     firsts = [r["first_start"] for r in reports if r.get("first_start")]
@@ -186,11 +188,20 @@ def one(b: Bench, n: int) -> dict[str, Any]:
             }
         )
     elapsed = max(max((f or first) for f in finished) - first, 1e-9)
+    window = m2[1] - m1[1]  # CPU seconds of all cores over the drain
+    busy = (m2[0] - m1[0]) / max(window, 1e-9)
+    ours = sum(d["cpu"] for d in drained) + sum(y - x for x, y in zip(ours1, ours2, strict=True))
+    others = max(0.0, (m2[0] - m1[0]) - ours) / max(window, 1e-9)
     rep.line(
         f"drain: {total_done:,} of {n:,} acked in {elapsed:.2f} s = {total_done / elapsed:,.0f} "
         f"tasks/s over {prim} primaries; handler starts {started:,} (per worker "
         f"{' + '.join(format(r.get('started', 0), ',') for r in reports)})"
         + ("" if total_done >= n else " -- TIMED OUT")
+    )
+    cores = os.cpu_count() or 1
+    rep.line(
+        f"machine during the drain: {100 * cores * busy:.0f}% busy of {100 * cores}%, of which "
+        f"processes this run did not start {100 * cores * others:.0f}%"
     )
     rep.line(
         f"{'primary':>8s} {'shards':>6s} {'tasks':>7s} {'share':>6s} {'drain/s':>8s} "
@@ -221,6 +232,8 @@ def one(b: Bench, n: int) -> dict[str, Any]:
         "life_script_us": life_script_all / all_tasks,
         "life_cpu_us": life_cpu_all / all_tasks,
         "busiest_share": max(r["share"] for r in rows),
+        "machine_busy_pct": 100 * (os.cpu_count() or 1) * busy,
+        "others_pct": 100 * (os.cpu_count() or 1) * others,
         "primaries": rows,
     }
     rep.line(
