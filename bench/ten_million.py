@@ -9,6 +9,8 @@ filled by ``schedule_many`` with ``--waiting`` tasks (payload ``{"order": 123456
 and the same measures run again on top of them. Last, the server is killed (SIGKILL) and
 started again on its data directory: the time until it answers ``PING`` (it answers
 ``-LOADING`` until the AOF is read) and says ``loading:0``.
+Then, as a control for the machine's load drifting over the minutes of the fill, the same
+measures run on a fresh empty server.
 
 Reports the fill rate, ``used_memory`` (and per waiting task), every figure empty and at
 size side by side, and the AOF's size and load time. Bars: fill ≥ 80,000 tasks/s;
@@ -31,7 +33,7 @@ from typing import Any
 
 import drain
 import lateness
-from common import Report, fresh_server, server_cpu, short_version, spawn, stop_pid
+from common import Report, client, fresh_server, server_cpu, short_version, spawn, stop_pid
 
 from delayq import Queue, TaskSpec
 from delayq.admin.inspect import Admin
@@ -80,7 +82,12 @@ def run(rep: Report) -> None:
         full = measures(rep, srv, queue, "full", lat_n, lat_duration, drain_n)
         rep.line("-- restart (SIGKILL, then start on the same data directory)")
         restart = restart_time(rep, srv, queue, n)
-    compare(rep, empty, full, fill, n)
+    with fresh_server() as control:
+        # The machine's load drifts over the minutes of a fill: the same measures on a fresh
+        # empty server now show how much of a difference is the size and how much the drift.
+        rep.line("-- control: an empty queue on a fresh server, after the run")
+        after = measures(rep, control, queue, "empty after", lat_n, lat_duration, drain_n)
+    compare(rep, empty, full, after, fill, n)
     rep.figure("summary", {"waiting": n, "fill": fill, "restart": restart})
 
 
@@ -130,13 +137,16 @@ def info_times(rep: Report, srv: EmbeddedServer, queue: str) -> dict[str, Any]:
     bare = timed(lambda: command("--help"))
     with Admin(srv.url, queues=[queue]) as admin:
         admin.overviews()  # connected, scripts loaded
+        usec0 = server_usec(admin.client)
         call = timed(admin.overviews)
+        call_server_ms = (server_usec(admin.client) - usec0) / REPEAT / 1000
     out = {"command": spread(cmd), "help": spread(bare), "overviews": spread(call)}
+    out["overviews"]["server_ms"] = call_server_ms
     rep.line(
         f"delayq info: {out['command']['median_ms']:.0f} ms (median of {REPEAT}; max "
         f"{out['command']['max_ms']:.0f}); delayq --help {out['help']['median_ms']:.0f} ms; "
         f"Admin.overviews() in process {out['overviews']['median_ms']:.2f} ms (max "
-        f"{out['overviews']['max_ms']:.2f})"
+        f"{out['overviews']['max_ms']:.2f}; the server's script time {call_server_ms:.2f} ms)"
     )
     return out
 
@@ -166,17 +176,31 @@ def page_times(rep: Report, srv: EmbeddedServer, queue: str) -> dict[str, Any]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("the dashboard did not start") from None
                 time.sleep(0.1)
+        meter = client(srv.url)
         for page in pages:
             get(base + page)
+            usec0 = server_usec(meter)
             out[page] = spread(timed(lambda page=page: get(base + page)))  # type: ignore[misc]
+            out[page]["server_ms"] = (server_usec(meter) - usec0) / REPEAT / 1000
+        meter.close()
     finally:
         stop_pid(proc)
     rep.line(
-        "dashboard pages, ms (median / max of "
-        f"{REPEAT}): "
-        + "; ".join(f"{p} {v['median_ms']:.1f} / {v['max_ms']:.1f}" for p, v in out.items())
+        f"dashboard pages, ms (median / max of {REPEAT}; in brackets the server's script time "
+        "per request): "
+        + "; ".join(
+            f"{p} {v['median_ms']:.1f} / {v['max_ms']:.1f} ({v['server_ms']:.2f})"
+            for p, v in out.items()
+        )
     )
     return out
+
+
+def server_usec(r: Any) -> int:
+    """Microseconds the server has spent running scripts (``INFO commandstats``: EVALSHA and
+    EVAL, their inner commands included), which is how every delayq read is made."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(k, {}).get("usec", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 def get(url: str) -> bytes:
@@ -293,33 +317,48 @@ def restart_time(rep: Report, srv: EmbeddedServer, queue: str, n: int) -> dict[s
 # -- the comparison ----------------------------------------------------------------------------
 
 
+def figures_of(x: dict[str, Any]) -> list[tuple[str, float]]:
+    """The figures compared, by label, of one set of measures."""
+    d = x["drain"]
+    rows = [
+        ("lateness p50 ms", x["lateness"]["p50_ms"]),
+        ("lateness p99 ms", x["lateness"]["p99_ms"]),
+        ("lateness max ms", x["lateness"]["max_ms"]),
+        ("drain tasks/s", d["tasks_per_s"]),
+        ("drain: server CPU µs per task", 1e6 * d["server_cpu_s"] / max(d["done"], 1)),
+        ("drain: worker CPU µs per task", 1e6 * d["worker_cpu_s"] / max(d["done"], 1)),
+        ("delayq info ms (command)", x["info"]["command"]["median_ms"]),
+        ("Admin.overviews() ms", x["info"]["overviews"]["median_ms"]),
+    ]
+    rows += [(f"page {p} ms", v["median_ms"]) for p, v in x["pages"].items()]
+    return rows
+
+
 def compare(
-    rep: Report, empty: dict[str, Any], full: dict[str, Any], fill: dict[str, Any], n: int
+    rep: Report,
+    empty: dict[str, Any],
+    full: dict[str, Any],
+    after: dict[str, Any],
+    fill: dict[str, Any],
+    n: int,
 ) -> None:
     rep.line()
-    rep.line(f"{'':34s} {'empty':>10s} {f'{n:,} waiting':>18s} {'ratio':>6s}")
-    rows = [
-        ("lateness p50 ms", empty["lateness"]["p50_ms"], full["lateness"]["p50_ms"]),
-        ("lateness p99 ms", empty["lateness"]["p99_ms"], full["lateness"]["p99_ms"]),
-        ("lateness max ms", empty["lateness"]["max_ms"], full["lateness"]["max_ms"]),
-        ("drain tasks/s", empty["drain"]["tasks_per_s"], full["drain"]["tasks_per_s"]),
-        (
-            "delayq info ms (command)",
-            empty["info"]["command"]["median_ms"],
-            full["info"]["command"]["median_ms"],
-        ),
-        (
-            "Admin.overviews() ms",
-            empty["info"]["overviews"]["median_ms"],
-            full["info"]["overviews"]["median_ms"],
-        ),
-    ]
-    rows += [
-        (f"page {p} ms", empty["pages"][p]["median_ms"], full["pages"][p]["median_ms"])
-        for p in empty["pages"]
-    ]
-    for label, a, b in rows:
-        rep.line(f"{label:34s} {a:>10,.2f} {b:>18,.2f} {b / a if a else float('nan'):>6.2f}")
+    rep.line(
+        f"{'':34s} {'empty':>10s} {f'{n:,} waiting':>18s} {'empty after':>12s} "
+        f"{'size/empty':>10s} {'size/after':>10s}"
+    )
+    ratios = {}
+    for (label, a), (_, b), (_, c) in zip(
+        figures_of(empty), figures_of(full), figures_of(after), strict=True
+    ):
+        r1, r2 = (b / a if a else float("nan")), (b / c if c else float("nan"))
+        ratios[label] = {"empty": a, "full": b, "after": c, "full/empty": r1, "full/after": r2}
+        rep.line(f"{label:34s} {a:>10,.2f} {b:>18,.2f} {c:>12,.2f} {r1:>10.2f} {r2:>10.2f}")
+    rep.line(
+        "(empty after: the same measures on a fresh server once the run is over, a control "
+        "for the machine's load drifting; the bars compare with the empty queue before)"
+    )
+    rep.figure("ratios", ratios)
     complete = all(
         x["lateness"]["distinct"] == x["lateness"]["n"] and x["drain"]["done"] >= x["drain"]["n"]
         for x in (empty, full)
@@ -340,4 +379,3 @@ def compare(
         1 - WITHIN,
         "x",
     )
-    rep.figure("ratios", {label: (b / a if a else None) for label, a, b in rows})

@@ -70,11 +70,12 @@ def test_ten_million_fills_measures_and_restarts_at_a_small_size(tmp_path: Path)
     assert fill["used_memory"] > fill["used_memory_empty"]
     assert restart["loading"] == 0 and restart["waiting_after"] == 5000
     assert restart["aof_bytes"] > 0
-    for tag in ("empty", "full"):
+    for tag in ("empty", "full", "empty after"):
         lat, drained = figures[tag]["lateness"], figures[tag]["drain"]
         assert lat["distinct"] == lat["n"] == 1000 and lat["duplicates"] == 0
         assert drained["done"] == drained["n"] == 10_000 and drained["duplicates"] == 0
         assert set(figures[tag]["pages"]) >= {"/", "/api/queues"}
         assert figures[tag]["info"]["command"]["median_ms"] > 0
+    assert figures["ratios"]["drain tasks/s"]["full"] == figures["full"]["drain"]["tasks_per_s"]
     names = {b["what"] for b in doc["bars"]}
     assert {"fill rate (schedule_many)", "drain rate at size / empty"} <= names
