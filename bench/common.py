@@ -51,6 +51,14 @@ def stop_pid(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None
     return proc.returncode
 
 
+def spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start a process this run stops by PID (:func:`stop_pid`, or :func:`cleanup_all` at
+    the end of the benchmark, on Ctrl-C and at exit)."""
+    proc = subprocess.Popen(argv, **kwargs)
+    _live_procs[proc.pid] = proc
+    return proc
+
+
 def cleanup_all() -> None:
     """Stop everything still running that this run started (each by its PID)."""
     for proc in list(_live_procs.values()):

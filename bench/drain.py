@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any
 
 from common import (
     Report,
@@ -23,6 +24,7 @@ from common import (
 )
 
 from delayq import Queue, TaskSpec
+from delayq.embedded import EmbeddedServer
 
 NAME = "drain"
 TITLE = "Drain: 100,000 tasks due at once, one worker process"
@@ -42,8 +44,27 @@ def run(rep: Report) -> None:
 
 
 def one(rep: Report, mode: str, conc: int, n: int) -> None:
-    name = f"drain-{secrets.token_hex(3)}"
-    with fresh_server() as srv, Queue(name, url=srv.url) as queue:
+    with fresh_server() as srv:
+        measure(rep, srv, f"drain-{secrets.token_hex(3)}", mode, conc, n)
+
+
+def measure(
+    rep: Report,
+    srv: EmbeddedServer,
+    name: str,
+    mode: str,
+    conc: int,
+    n: int,
+    *,
+    key: str | None = None,
+    bar: bool = True,
+) -> dict[str, Any]:
+    """``n`` tasks due now on queue ``name`` of a running server, then one worker process
+    drains them; the queue may hold other tasks (not yet due: only these ``n`` are counted).
+    Prints the figures, records them under ``key`` (default: ``{mode}-{conc}``) and returns
+    them; with ``bar`` also judges the rate against this benchmark's bar."""
+    with Queue(name, url=srv.url) as queue:
+        done0 = queue.stats().done
         due = time.time()
         queue.schedule_many(TaskSpec("bench.noop", {"i": i}, at=due) for i in range(n))
         meter = client(srv.url)
@@ -56,7 +77,7 @@ def one(rep: Report, mode: str, conc: int, n: int) -> None:
             wcpu0 = proc_cpu(worker.pid)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                done = queue.stats().done
+                done = queue.stats().done - done0
                 polls += 1
                 if done >= n:
                     break
@@ -82,18 +103,19 @@ def one(rep: Report, mode: str, conc: int, n: int) -> None:
             f"server {scpu:.2f} s ({100 * scpu / elapsed:.0f}%); "
             f"~{calls:,} script calls by the worker ({n / max(calls, 1):.0f} tasks/call)"
         )
-        rep.figure(
-            f"{mode}-{conc}",
-            {
-                "n": n,
-                "done": done,
-                "seconds": elapsed,
-                "tasks_per_s": rate,
-                "worker_cpu_s": wcpu,
-                "server_cpu_s": scpu,
-                "script_calls": calls,
-            },
-        )
+        figures = {
+            "n": n,
+            "done": done,
+            "seconds": elapsed,
+            "tasks_per_s": rate,
+            "worker_cpu_s": wcpu,
+            "server_cpu_s": scpu,
+            "script_calls": calls,
+            "duplicates": report.get("duplicates", 0),
+        }
+        rep.figure(key or f"{mode}-{conc}", figures)
+        if not bar:
+            return figures
         rep.bar(
             f"{mode} concurrency {conc} drain rate",
             rate if ok else float("nan"),
@@ -101,3 +123,4 @@ def one(rep: Report, mode: str, conc: int, n: int) -> None:
             BAR_PER_S,
             "tasks/s",
         )
+        return figures

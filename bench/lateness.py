@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any
 
 from common import Report, WorkerProcess, fresh_server, percentile, short_version, wait_until
 
 from delayq import Queue, TaskSpec
+from delayq.embedded import EmbeddedServer
 
 NAME = "lateness"
 TITLE = "Lateness (handler start - due time), 1,000 tasks/s falling due"
@@ -39,15 +41,36 @@ def run(rep: Report) -> None:
 
 
 def one(rep: Report, mode: str, n: int, duration: float) -> None:
-    name = f"lat-{secrets.token_hex(3)}"
-    with fresh_server() as srv, Queue(name, url=srv.url) as queue:
+    with fresh_server() as srv:
+        measure(rep, srv, f"lat-{secrets.token_hex(3)}", mode, n, duration)
+
+
+def measure(
+    rep: Report,
+    srv: EmbeddedServer,
+    name: str,
+    mode: str,
+    n: int,
+    duration: float,
+    *,
+    key: str | None = None,
+    bars: bool = True,
+) -> dict[str, Any]:
+    """``n`` tasks due at ``RATE``/s on queue ``name`` of a running server, run by one worker
+    process; the queue may hold other tasks (only these ``n`` are waited for). Prints the
+    figures, records them under ``key`` (default: ``mode``) and returns them; with ``bars``
+    also judges them against this benchmark's bars."""
+    with Queue(name, url=srv.url) as queue:
+        done0 = queue.stats().done
         worker = WorkerProcess(srv.url, name, mode=mode, concurrency=CONCURRENCY).start()
         try:
             t0 = time.time() + LEAD
             specs = [TaskSpec("bench.noop", {"i": i}, at=t0 + i / RATE) for i in range(n)]
             queue.schedule_many(specs)
             finished = wait_until(
-                lambda: queue.stats().done >= n, timeout=LEAD + duration + 60, interval=0.25
+                lambda: queue.stats().done - done0 >= n,
+                timeout=LEAD + duration + 60,
+                interval=0.25,
             )
         finally:
             report = worker.stop()
@@ -68,22 +91,24 @@ def one(rep: Report, mode: str, n: int, duration: float) -> None:
             f"  max {mx:.2f} (at ~{worst_at:.2f} s into the run)  min {mn:.2f}"
         )
         rep.line(f"      started before their due time: {early:,} ({100 * early / max(n, 1):.1f}%)")
-        rep.figure(
-            mode,
-            {
-                "n": n,
-                "started": report.get("started"),
-                "p50_ms": p50,
-                "p90_ms": p90,
-                "p99_ms": p99,
-                "p999_ms": p999,
-                "max_ms": mx,
-                "min_ms": mn,
-                "duplicates": report.get("duplicates"),
-                "early": early,
-                "finished": finished,
-            },
-        )
+        figures = {
+            "n": n,
+            "started": report.get("started"),
+            "p50_ms": p50,
+            "p90_ms": p90,
+            "p99_ms": p99,
+            "p999_ms": p999,
+            "max_ms": mx,
+            "min_ms": mn,
+            "distinct": report.get("distinct", 0),
+            "duplicates": report.get("duplicates"),
+            "early": early,
+            "finished": finished,
+        }
+        rep.figure(key or mode, figures)
+        if not bars:
+            return figures
         complete = finished and report.get("distinct", 0) == n
         rep.bar(f"{mode} p99 lateness", p99 if complete else float("nan"), "<=", P99_BAR_MS, "ms")
         rep.bar(f"{mode} max lateness", mx if complete else float("nan"), "<=", MAX_BAR_MS, "ms")
+        return figures

@@ -34,9 +34,11 @@ import memory
 import node_producer
 import otel
 import processes
+import scaling
 import schedule
 import server_cost
 import soak
+import ten_million
 import testing_speed
 from common import Report, cleanup_all
 
@@ -59,9 +61,15 @@ BENCHMARKS = {
         processes,
         soak,
         cluster,
+        scaling,
+        ten_million,
     )
 }
-ON_REQUEST = {soak.NAME, cluster.NAME}  # too long to run by default: only when named
+ON_REQUEST = {
+    soak.NAME,
+    cluster.NAME,
+    ten_million.NAME,
+}  # too long to run by default: only when named
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -87,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--soak-rate", type=int, metavar="N", help="tasks falling due per second")
     g.add_argument("--soak-waiting", type=int, metavar="N", help="tasks waiting far ahead")
     g.add_argument("--soak-workers", type=int, metavar="N", help="worker processes")
+    p.add_argument(
+        "--waiting",
+        type=int,
+        metavar="N",
+        help="ten_million: tasks waiting (default 10,000,000; 1,000,000 with --quick)",
+    )
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         waiting=args.soak_waiting,
         workers=args.soak_workers,
     )
+    ten_million.configure(waiting=args.waiting)
     signal.signal(signal.SIGTERM, _on_term)
 
     rep = Report(quick=args.quick)
