@@ -21,7 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 REDIS7 = "/usr/bin/redis-server"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# Benchmarks (about 100 s of busy servers and workers): left out of the suite, run with
+# `pytest -m bench tests/test_bench_capacity.py`.
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(420)]
 
 
 def bench(tmp_path: Path, *args: str) -> dict[str, Any]:
