@@ -637,3 +637,27 @@ def test_three_processes_fire_every_occurrence_once_and_on_time(
     # Typically 1.5-4 ms (the start script's round trip included); the bound is loose because
     # CI machines are small and shared: 2 cores for 3 workers, the server and the test.
     assert late_ms[len(late_ms) // 2] < 10 and late_ms[-1] < 100, late_ms
+
+
+def test_an_aborted_occurrence_is_shown_as_aborted_and_the_chain_goes_on(
+    queue: Queue, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    def worker() -> Worker:
+        w = Worker(queue, lease=5)
+        w.every(hours=1, name="hourly")(lambda t: None)
+        w.schedules.tick_s = 0.2
+        return w
+
+    with run_worker(worker()):
+        wait_for(lambda: _has(queue, "hourly"))
+    first = _meta(queue, "hourly")
+    assert queue.abort(first["next_id"]) is True  # waiting: aborted, so never run
+    result = CliRunner().invoke(main, ["cron", "list", "-q", queue.name, "--url", queue.url])
+    assert "next occurrence aborted" in result.output, result.output
+    assert "missing" not in result.output
+    with run_worker(worker()):  # its next check schedules the occurrence after it
+        wait_for(lambda: _meta(queue, "hourly")["next_id"] != first["next_id"], timeout=5)
+    nxt = _meta(queue, "hourly")
+    assert nxt["next"] > first["next"]
+    assert queue.get(nxt["next_id"]).state == "scheduled"  # type: ignore[union-attr]
+    assert queue.get(first["next_id"]).state == "aborted"  # type: ignore[union-attr]

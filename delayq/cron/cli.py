@@ -43,6 +43,8 @@ def _note(info: cron_ops.ScheduleInfo) -> str:
     notes = []
     if info.parked_since is not None:
         notes.append("parked: no live worker declares it")
+    elif info.next_state == "aborted":
+        notes.append("next occurrence aborted: the next worker check schedules the one after")
     elif info.next_state not in ("scheduled", "active"):
         notes.append("next occurrence missing: the next worker check recreates it")
     if info.running:

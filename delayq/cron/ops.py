@@ -50,7 +50,7 @@ class Stored:
     name: str
     raw: bytes
     data: dict[str, Any]
-    next_state: str  # scheduled, active, done, dead, or "" (gone)
+    next_state: str  # scheduled, active, done, dead, aborted, or "" (gone)
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,8 @@ def _plan_own(
         # policy decides when it starts how late it is.
         meta.pop("parked", None)
         return Change(sched.name, expect, meta, create=occurrence_task(core, sched, pending))
-    if st.next_state in ("", "done", "dead"):
-        # Consumed without running here (buried unrun, cancelled, lost): continue the chain
+    if st.next_state in ("", "done", "dead", "aborted"):
+        # Consumed without running here (buried unrun, cancelled, aborted, lost): continue the chain
         # as if it had started now.
         nxt = sched.decide(pending, now).successor
         meta.pop("parked", None)
@@ -278,7 +278,7 @@ class ScheduleInfo:
     catch_up: str
     max_running: int
     next_at: datetime | None
-    next_state: str  # scheduled / active (pending occurrence), or "" / done / dead (repaired soon)
+    next_state: str  # scheduled / active (pending), or "" / done / dead / aborted (repaired soon)
     last_at: datetime | None  # the occurrence time of the last run
     last_started: datetime | None
     last_finished: datetime | None
