@@ -36,6 +36,7 @@ from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
+from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock
 from delayq.worker.context import StartupHook, WorkerContext
@@ -533,6 +534,8 @@ class Worker:
             await self._shutdown()
             loops = [t for c in ctxs for t in c.loops]  # the cron tickers too (start-up hooks)
             await cancel_and_wait(loops)
+            if self.runs.alarm is not None:
+                self.runs.alarm.close()
             self.threads.shutdown()
             if self.threads.busy:
                 log.warning(
@@ -570,6 +573,7 @@ class Worker:
             lookahead=self.lookahead_s,
             caps=self.registry.caps(),
         )
+        self.runs.alarm = make_alarm(asyncio.get_running_loop())
         for executor, finisher, registry in zip(
             self.executors[1:], self.finishers[1:], self.registries[1:], strict=True
         ):
