@@ -145,8 +145,8 @@ async def serve(worker: Worker) -> None:
     # How late the server-clock mapping sets timers: the true offset (server and worker share
     # this host's clock) less the worker's lower bound of it.
     if worker.clock.offset is not None:
-        loop = asyncio.get_running_loop()
-        CLOCK["offset_error_ms"] = (time.time() - loop.time() - worker.clock.offset) * 1000
+        # (time.monotonic(): asyncio's loop.time(), and what the worker reads on uvloop)
+        CLOCK["offset_error_ms"] = (time.time() - time.monotonic() - worker.clock.offset) * 1000
     alarm = worker.runs.alarm
     CLOCK["alarm_wakes"] = alarm.wakes if alarm is not None else -1
 
