@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,7 @@ class WorkerProcess:
         record: str = "lateness",
         max_seconds: float = 600,
         profile: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         fd, self.out_path = tempfile.mkstemp(prefix="delayq-bench-", suffix=".json")
         os.close(fd)
@@ -171,6 +172,7 @@ class WorkerProcess:
         ]
         if profile:
             self.argv += ["--profile", profile]
+        self.argv += list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -22,6 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bursts
 import cluster
 import costs
 import drain
@@ -33,6 +34,7 @@ import lateness
 import memory
 import node_producer
 import otel
+import peers_rate
 import processes
 import scaling
 import schedule
@@ -46,6 +48,8 @@ BENCHMARKS = {
     m.NAME: m
     for m in (
         lateness,
+        peers_rate,
+        bursts,
         drain,
         costs,
         server_cost,

@@ -24,6 +24,7 @@ from typing import Any
 
 from lifeline import stop_worker_when_orphaned
 
+import delayq.worker.alarm
 from delayq import Expired, Queue, Task, Worker
 
 
@@ -36,7 +37,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pattern", default="bench:*", help="--mode expire: the on_expire pattern")
     p.add_argument("--events", help="--mode expire: append 'key<TAB>lateness<TAB>via' lines")
     p.add_argument("--log", help="write delayq's warnings here instead of stderr")
-    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=64, help="0: the Worker's default")
+    p.add_argument("--lookahead", type=float, help="Worker(lookahead=...); default: its default")
+    p.add_argument("--append-to", help="async mode: the handler also appends one line to this file")
+    p.add_argument("--uvloop", action="store_true", help="serve on uvloop's event loop")
+    p.add_argument(
+        "--coarse-timers",
+        action="store_true",
+        help="no timerfd wake-ups: run timers fire at the event loop's millisecond",
+    )
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--record", choices=("lateness", "count"), default="lateness")
     p.add_argument("--max-seconds", type=float, default=600)
@@ -49,6 +58,7 @@ class Recorder:
     def __init__(self, keep_lateness: bool) -> None:
         self.keep_lateness = keep_lateness
         self.lateness: list[float] = []
+        self.due: list[float] = []  # each start's due time (s), beside its lateness
         self.runs: Counter[str] = Counter()
         self.first_start: float | None = None
         self.last_start: float | None = None
@@ -63,7 +73,9 @@ class Recorder:
             self.first_start = now
         self.last_start = now
         if self.keep_lateness:
-            self.lateness.append(now - task.due_at.timestamp())
+            due = task.due_at.timestamp()
+            self.lateness.append(now - due)
+            self.due.append(due)
         self.runs[task.id] += 1
 
     def note_expired(self, expired: Expired) -> None:
@@ -96,10 +108,23 @@ class Recorder:
             "first_start": self.first_start,
             "last_start": self.last_start,
             "lateness": self.lateness if self.keep_lateness else None,
+            "due": self.due if self.keep_lateness else None,
         }
 
 
+def schedstat() -> tuple[float, float]:
+    """(CPU time, time spent runnable but waiting for a CPU) of this thread so far, in ms:
+    the second is how much a busy machine held the worker back."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            cpu, wait = f.read().split()[:2]
+        return int(cpu) / 1e6, int(wait) / 1e6
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+
+
 async def serve(worker: Worker) -> None:
+    cpu0, wait0 = schedstat()
     task = asyncio.create_task(worker.serve(install_signals=True))
     # Ready once the wake-up subscription is live (attribute names are the worker's own;
     # if they change, fall back to a short pause).
@@ -115,6 +140,18 @@ async def serve(worker: Worker) -> None:
         await asyncio.sleep(0.005)
     print("ready", flush=True)
     await task
+    cpu1, wait1 = schedstat()
+    CLOCK["loop_cpu_ms"], CLOCK["loop_run_delay_ms"] = cpu1 - cpu0, wait1 - wait0
+    # How late the server-clock mapping sets timers: the true offset (server and worker share
+    # this host's clock) less the worker's lower bound of it.
+    if worker.clock.offset is not None:
+        # (time.monotonic(): asyncio's loop.time(), and what the worker reads on uvloop)
+        CLOCK["offset_error_ms"] = (time.time() - time.monotonic() - worker.clock.offset) * 1000
+    alarm = worker.runs.alarm
+    CLOCK["alarm_wakes"] = alarm.wakes if alarm is not None else -1
+
+
+CLOCK: dict[str, float] = {}
 
 
 def register(worker: Worker, args: argparse.Namespace, rec: Recorder) -> None:
@@ -127,6 +164,15 @@ def register(worker: Worker, args: argparse.Namespace, rec: Recorder) -> None:
         @worker.on_expire(args.pattern)
         async def on_expire(expired: Expired) -> None:
             rec.note_expired(expired)
+
+    elif args.mode == "async" and args.append_to:
+        out = open(args.append_to, "a")  # noqa: SIM115 (closed with the process)
+
+        @worker.handler(args.kind)
+        async def append_async(task: Task) -> None:
+            rec.note(task)  # (lateness is taken at the first line, as a peer's would be)
+            out.write(f"{task.id} {task.due_at.timestamp()!r} {time.time()!r}\n")
+            out.flush()
 
     elif args.mode == "async":
 
@@ -148,13 +194,24 @@ def main() -> None:
             filename=args.log, level=logging.WARNING, format="%(created).3f %(message)s"
         )
     queue = Queue(args.queue, url=args.url)
-    worker = Worker(queue, concurrency=args.concurrency, lease=args.lease)
+    options: dict[str, Any] = {"lease": args.lease}
+    if args.concurrency:
+        options["concurrency"] = args.concurrency
+    if args.lookahead is not None:
+        options["lookahead"] = args.lookahead
+    worker = Worker(queue, **options)
     rec = Recorder(keep_lateness=args.record == "lateness")
 
     register(worker, args, rec)
 
     stop_worker_when_orphaned(worker, args.max_seconds)
 
+    if args.coarse_timers:
+        delayq.worker.alarm.PRECISE = False
+    if args.uvloop:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if args.profile:
         import cProfile
 
@@ -167,7 +224,7 @@ def main() -> None:
         asyncio.run(serve(worker))
     queue.close()
     with open(args.out, "w") as f:
-        json.dump(rec.report(), f)
+        json.dump({**rec.report(), **CLOCK}, f)
 
 
 if __name__ == "__main__":

@@ -170,3 +170,21 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
         while runs.running:
             await asyncio.sleep(0)
     assert runs._alone == {}
+
+
+def test_a_run_due_a_fraction_of_a_millisecond_ahead_waits_for_its_timer() -> None:
+    """A task due 0.1 ms from now starts on a timer at its time, not at once: starting it
+    early by less than a millisecond would still be before its due time."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        due_at = loop.time() + 0.0001
+        runs = Runs(None, None, lambda ms: due_at, lambda: None)  # type: ignore[arg-type]
+        c = Claimed("A", Header("k", 1, 0, 7, 0, 1, "json"), b"null")
+        runs.start_many([c], server_now_ms=0)
+        run = runs.by_id["A"]
+        assert run.timer is not None and not runs.running
+        assert run.timer.when() == due_at
+        run.timer.cancel()
+
+    asyncio.run(main())

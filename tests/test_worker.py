@@ -386,6 +386,48 @@ def test_a_task_due_between_milliseconds_never_starts_before_its_time(
     assert max(abs(d) for d in seen_due.values()) < 2e-6  # task.due_at to the microsecond
 
 
+def test_on_uvloop_a_task_never_starts_before_its_time(queue: Queue) -> None:
+    """uvloop's loop.time() is the time its pass began, to the millisecond, and it rounds
+    timer delays to whole milliseconds: the server-clock mapping and the timers must not
+    trust either, or async handlers start up to half a millisecond before their due time."""
+    uvloop = pytest.importorskip("uvloop")
+    worker = Worker(queue)
+    starts: dict[str, tuple[float, float]] = {}
+    done = threading.Event()
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        starts[task.id] = (time.time(), task.due_at.timestamp())
+        if len(starts) == 60:
+            done.set()
+
+    loop = uvloop.new_event_loop()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            loop.run_until_complete(worker.serve())
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        base = time.time() + 0.5
+        queue.schedule_many(
+            [TaskSpec("k", i, at=base + i * 0.0073, task_id=f"u{i}") for i in range(60)]
+        )
+        assert done.wait(10)
+    finally:
+        worker.stop()
+        thread.join(30)
+        loop.close()
+    assert not thread.is_alive() and not errors
+    early = {tid: due - start for tid, (start, due) in starts.items() if start < due}
+    assert not early, f"started before their due time (s): {early}"
+
+
 def test_idle_worker_reaps_a_lease_that_ends_before_its_next_look(
     queue: Queue, run_worker: Any
 ) -> None:

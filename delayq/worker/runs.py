@@ -24,6 +24,7 @@ from typing import Any
 
 from delayq.leasing import Claimed
 from delayq.task import Task, mark_aborted
+from delayq.worker.alarm import Alarm
 from delayq.worker.batches import Batches
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Finisher, Outcome
@@ -86,6 +87,13 @@ class Runs:
         self.on_slot_free = on_slot_free
         self.concurrency = concurrency  # None: a slot for every run
         self.lookahead = lookahead
+        # Wakes the loop at each timer's time, not the next millisecond (alarm.py); None:
+        # timers fire at the loop's own granularity.
+        self.alarm: Alarm | None = None
+        # The loop's clock read afresh, and what its timers need added never to fire early
+        # (clock.loop_clock); None: loop.time(), exact on asyncio's own loop.
+        self.now: Callable[[], float] | None = None
+        self.timer_margin = 0.0
         self.by_id: dict[str, Run] = {}  # the current run of each task held
         # id -> token: what the heartbeat extends. A run leaves it once its outcome is handed
         # to the Finisher: a lease is never extended for a result that cannot be written.
@@ -209,10 +217,14 @@ class Runs:
             self._launch(run)
             return
         loop = asyncio.get_running_loop()
+        now = self.now() if self.now is not None else loop.time()
         due = run.claimed.header.due_ms
-        at = self.to_loop(due) if due is not None else loop.time()
-        if at - loop.time() > 0.0002:
+        at = self.to_loop(due) if due is not None else now
+        if at > now:
+            at += self.timer_margin
             run.timer = loop.call_at(at, self._launch, run)
+            if self.alarm is not None:
+                self.alarm.at(at)
         else:
             self._launch(run)
 

@@ -36,8 +36,9 @@ from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
+from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
-from delayq.worker.clock import ServerClock
+from delayq.worker.clock import ServerClock, loop_clock
 from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
@@ -533,6 +534,8 @@ class Worker:
             await self._shutdown()
             loops = [t for c in ctxs for t in c.loops]  # the cron tickers too (start-up hooks)
             await cancel_and_wait(loops)
+            if self.runs.alarm is not None:
+                self.runs.alarm.close()
             self.threads.shutdown()
             if self.threads.busy:
                 log.warning(
@@ -570,6 +573,10 @@ class Worker:
             lookahead=self.lookahead_s,
             caps=self.registry.caps(),
         )
+        loop = asyncio.get_running_loop()
+        self._now, self.runs.timer_margin = loop_clock(loop)
+        self.runs.now = self._now
+        self.runs.alarm = make_alarm(loop)
         for executor, finisher, registry in zip(
             self.executors[1:], self.finishers[1:], self.registries[1:], strict=True
         ):
@@ -755,10 +762,9 @@ class Worker:
         needs a look, the tasks claimed). Registration rides on each queue's home shard.
         ``pending``: tasks claimed from other sources in this pass, not yet started (they
         use kinds' rooms)."""
-        loop = asyncio.get_running_loop()
         core = source.core
         worker, info = self._registration_due(source.lane) if source.shard == 0 else ("", "")
-        sent = loop.time()
+        sent = self._now()
         try:
             result = await self.runner.run(
                 leasing.claim(
@@ -779,7 +785,7 @@ class Worker:
             if info:  # not stored: send it again
                 self._registered[source.lane].full_at = -REREGISTER_EVERY_S
             raise
-        self.clock.observe(result.now_us / 1000, sent, loop.time())
+        self.clock.observe(result.now_us / 1000, sent, self._now())
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from delayq.worker.clock import WINDOW_S, ServerClock
+import asyncio
+import time
+
+import pytest
+
+from delayq.worker.clock import COARSE_TIMER_MARGIN_S, WINDOW_S, ServerClock, loop_clock
 
 
 def test_offset_is_a_lower_bound_from_the_reply_time() -> None:
@@ -32,3 +37,24 @@ def test_old_samples_are_forgotten_so_a_clock_step_is_followed() -> None:
 
 def test_no_sample_means_no_mapping() -> None:
     assert ServerClock().to_loop(123, default=7.0) == 7.0
+
+
+def test_asyncio_loops_time_is_read_afresh_and_needs_no_timer_margin() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        now, margin = loop_clock(loop)
+        assert now == loop.time and margin == 0.0
+    finally:
+        loop.close()
+
+
+def test_uvloops_cached_time_is_read_afresh_and_its_timers_get_a_margin() -> None:
+    """uvloop's loop.time() is when its pass began (to the ms), and it rounds timer delays
+    to whole ms: read alone, tasks started up to 0.6 ms before their due time."""
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    try:
+        now, margin = loop_clock(loop)
+        assert now is time.monotonic and margin == COARSE_TIMER_MARGIN_S >= 0.001
+    finally:
+        loop.close()

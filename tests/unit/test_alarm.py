@@ -1,0 +1,99 @@
+"""The timerfd alarm (worker/alarm.py): timers fire at their time, not the next millisecond,
+and never before it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import sys
+
+import pytest
+
+from delayq.worker import alarm as alarm_mod
+from delayq.worker.alarm import make_alarm
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd: Linux only")
+
+
+async def _lateness(with_alarm: bool, n: int = 41) -> tuple[list[float], int]:
+    """Loop timers at random sub-millisecond distances, one after another: how late each
+    fired (s), and how many times the alarm woke the loop."""
+    loop = asyncio.get_running_loop()
+    alarm = make_alarm(loop) if with_alarm else None
+    late: list[float] = []
+    try:
+        for _ in range(n):
+            fired = loop.create_future()
+            when = loop.time() + 0.002 + random.random() * 0.001
+            loop.call_at(when, lambda w=when, f=fired: f.set_result(loop.time() - w))
+            if alarm is not None:
+                alarm.at(when)
+            late.append(await fired)
+        return late, alarm.wakes if alarm is not None else 0
+    finally:
+        if alarm is not None:
+            alarm.close()
+
+
+@linux
+def test_timers_fire_within_the_millisecond_with_the_alarm_and_never_early() -> None:
+    """asyncio's loop waits in whole milliseconds, rounded up: a timer fires up to 1 ms late,
+    half of one at the median. The alarm wakes the loop at the timer's own time."""
+    late, wakes = asyncio.run(_lateness(True))
+    assert min(late) >= 0  # never early
+    assert wakes >= len(late) // 2  # the timerfd, not the loop's timeout, woke it
+    # Sanity bound (noisy machines): without the alarm the median is 0.5 ms or more.
+    assert statistics.median(late) < 0.00045, sorted(late)
+
+
+def test_without_the_alarm_timers_fire_at_the_loops_millisecond() -> None:
+    """The comparison the alarm exists for: the loop's own timeout rounds up to the ms."""
+    late, wakes = asyncio.run(_lateness(False))
+    assert min(late) >= 0 and wakes == 0
+    assert statistics.median(late) >= 0.0003, sorted(late)
+
+
+def test_no_alarm_on_a_loop_with_a_clock_of_its_own_or_when_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class OwnClock(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return 0.0
+
+    loop = OwnClock()
+    try:
+        assert make_alarm(loop) is None
+    finally:
+        loop.close()
+    monkeypatch.setattr(alarm_mod, "PRECISE", False)
+    loop = asyncio.new_event_loop()
+    try:
+        assert make_alarm(loop) is None
+    finally:
+        loop.close()
+
+
+@linux
+def test_the_alarm_is_armed_at_the_earliest_time_and_rearmed_after_it() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        alarm = make_alarm(loop)
+        assert alarm is not None
+        try:
+            now = loop.time()
+            alarm.at(now + 0.050)
+            alarm.at(now + 0.010)  # earlier: rearmed for it
+            alarm.at(now + 0.030)  # later: waits its turn
+            alarm.at(now - 1.0)  # past: nothing to arm
+            assert alarm.armed == pytest.approx(now + 0.010)
+            await asyncio.sleep(0.015)
+            assert alarm.wakes == 1 and alarm.armed == pytest.approx(now + 0.030)
+            await asyncio.sleep(0.045)
+            assert alarm.wakes == 3 and alarm.armed is None
+        finally:
+            alarm.close()
+        alarm.at(loop.time() + 0.01)  # closed: ignored
+        assert alarm.fd == -1 and alarm.pending == 0
+
+    asyncio.run(main())
