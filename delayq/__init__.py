@@ -1,7 +1,7 @@
 """delayq: reliable delayed tasks on Redis and Valkey — on time, once, surviving crashes."""
 
 from delayq.controls import Controls, RateLimit
-from delayq.core import TaskSpec
+from delayq.core import CheckedSpec, TaskSpec
 from delayq.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncQueue",
+    "CheckedSpec",
     "ConfigurationError",
     "ConnectionFailed",
     "Controls",

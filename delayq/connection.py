@@ -123,6 +123,12 @@ def _pack_command(self: Any, *args: Any) -> list[bytes]:
         args = (*args[0].encode().split(), *args[1:])
     elif b" " in args[0]:
         args = (*args[0].split(), *args[1:])
+    try:
+        return [_hiredis_pack(args)]
+    except TypeError:
+        pass
+    # hiredis takes bytes, str, int and float: a bytearray (or memoryview) is copied, only
+    # when one is there (looking at every argument first was a third of packing a batch).
     args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
     try:
         return [_hiredis_pack(args)]

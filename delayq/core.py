@@ -84,7 +84,7 @@ for _reply in (_DEAD, _SEEK, SCRIPTS["page"].reply):
     _reply.require_row(*ROWS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Op(Generic[T]):
     """One script call: what to run and how to read its reply."""
 
@@ -92,6 +92,18 @@ class Op(Generic[T]):
     keys: list[str]
     args: list[Arg]
     parse: Callable[[Any], T]
+
+    def __init__(
+        self, script: Script, keys: list[str], args: list[Arg], parse: Callable[[Any], T]
+    ) -> None:
+        # One per call made: the fields set as TaskSpec sets its own (no setattr per field).
+        fields = self.__dict__
+        fields["script"], fields["keys"], fields["args"], fields["parse"] = (
+            script,
+            keys,
+            args,
+            parse,
+        )
 
 
 class SeekRow(NamedTuple):
@@ -141,7 +153,7 @@ class ScheduleOptions(TypedDict, total=False):
     headers: dict[str, str] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TaskSpec:
     """One task for ``schedule_many`` (and what ``before_schedule`` hooks are given).
 
@@ -158,10 +170,69 @@ class TaskSpec:
     max_attempts: int = 0
     headers: dict[str, str] | None = None
 
+    def __init__(
+        self,
+        kind: str,
+        payload: Any = None,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        task_id: str | None = None,
+        max_attempts: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        # The fields go straight into the instance's dict: the __init__ a frozen dataclass
+        # is given calls object.__setattr__ once per field, which made a TaskSpec cost more
+        # than checking it (one per task scheduled, two for a task given no id).
+        fields = self.__dict__
+        fields["kind"], fields["payload"], fields["delay"], fields["at"] = kind, payload, delay, at
+        fields["task_id"], fields["max_attempts"], fields["headers"] = (
+            task_id,
+            max_attempts,
+            headers,
+        )
+
+
+class CheckedSpec(TaskSpec):
+    """A :class:`TaskSpec` checked as it is made: its kind, id (when given), delay or
+    ``at``, max_attempts and headers pass the checks ``schedule_many`` makes, or
+    InvalidTaskError is raised. ``schedule_many`` does not check them again (its payload is
+    checked when it is encoded: that needs the queue's codec and limit). The HTTP API makes
+    one per task it is sent; anything that checks tasks before it hands them on may too.
+
+    It is still a TaskSpec (``dataclasses.replace`` of one checks the result again); a
+    ``before_schedule`` hook is given a plain TaskSpec, and what it returns is checked.
+    ``due`` and ``header_field`` are the script's due argument and the record's headers
+    field, made by the check."""
+
+    due: str
+    header_field: bytes
+
+    def __init__(
+        self,
+        kind: str,
+        payload: Any = None,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        task_id: str | None = None,
+        max_attempts: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(kind, payload, delay, at, task_id, max_attempts, headers)
+        # The order of encode_tasks' checks, so a task wrong twice is refused for the same
+        # reason either way.
+        if task_id is not None:
+            validate_task_id(task_id)
+        validate_kind(kind)
+        validate_max_attempts(max_attempts)
+        self.__dict__["header_field"] = encode_headers(headers)
+        self.__dict__["due"] = due_spec(delay, at)
+
 
 def new_task_ids(n: int) -> list[str]:
     """Ids of 96 random bits in 16 URL-safe characters: short, since every byte is kept per
     task. One read of the random source for the whole batch."""
+    if n == 1:
+        return [new_task_id()]
     raw = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
     # Never a leading "-": a command line (delayq task show ID) would read it as an option.
     return [
@@ -171,7 +242,32 @@ def new_task_ids(n: int) -> list[str]:
 
 
 def new_task_id() -> str:
-    return new_task_ids(1)[0]
+    """One id as :func:`new_task_ids` makes them (a single schedule's)."""
+    raw = base64.urlsafe_b64encode(os.urandom(12)).decode()
+    return "_" + raw[1:] if raw[0] == "-" else raw
+
+
+def task_ids(specs: Sequence[TaskSpec]) -> list[str]:
+    """Each task's id: its own, checked (a :class:`CheckedSpec`'s was checked when it was
+    made), or a new one (made here: nothing to check). InvalidTaskError for a bad id, or an
+    id given twice."""
+    if len(specs) == 1:  # a single schedule
+        (spec,) = specs
+        if spec.task_id is None:
+            return new_task_ids(1)
+        return [spec.task_id if type(spec) is CheckedSpec else validate_task_id(spec.task_id)]
+    fresh = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
+    ids = [
+        next(fresh)
+        if s.task_id is None
+        else s.task_id
+        if type(s) is CheckedSpec
+        else validate_task_id(s.task_id)
+        for s in specs
+    ]
+    if len(set(ids)) != len(ids):
+        raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
+    return ids
 
 
 # Control characters (below U+0020), refused in ids and kinds. A regex finds them in C: a
@@ -180,6 +276,13 @@ _CONTROL = re.compile("[\x00-\x1f]")
 
 
 def validate_task_id(task_id: Any) -> str:
+    if (
+        type(task_id) is str
+        and 0 < len(task_id) <= MAX_ID_LEN
+        and task_id.isascii()
+        and not _CONTROL.search(task_id)
+    ):
+        return task_id  # the common case, once per task: the checks below, passed at once
     if not isinstance(task_id, str) or not task_id:
         raise InvalidTaskError(f"task_id must be a non-empty string, got {task_id!r}")
     if len(task_id) > MAX_ID_LEN:
@@ -193,6 +296,13 @@ def validate_task_id(task_id: Any) -> str:
 
 
 def validate_kind(kind: Any) -> str:
+    if (
+        type(kind) is str
+        and 0 < len(kind) <= MAX_KIND_LEN
+        and kind.isascii()
+        and not _CONTROL.search(kind)
+    ):
+        return kind  # the common case (as validate_task_id's)
     if not isinstance(kind, str) or not kind or len(kind) > MAX_KIND_LEN:
         raise InvalidTaskError(
             f"kind must be a non-empty string of at most {MAX_KIND_LEN} characters, got {kind!r}"
@@ -273,6 +383,7 @@ class QueueCore:
         self.max_payload = max_payload
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self._prefixes: dict[tuple[str, int], bytes] = {}
+        self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self.clock = clock
 
     def now_arg(self, now_ms: int | None = None) -> str | int:
@@ -326,27 +437,34 @@ class QueueCore:
             self._prefixes[(kind, max_attempts)] = prefix
         return prefix
 
-    def encode_tasks(self, specs: Sequence[TaskSpec]) -> tuple[list[str], list[Arg]]:
+    def encode_tasks(
+        self, specs: Sequence[TaskSpec], ids: Sequence[str] | None = None
+    ) -> tuple[list[str], list[Arg]]:
         """Validate and encode tasks: (ids, flat id/due/record triples). Raises on the first
-        bad task, before anything is sent."""
-        generated = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
+        bad task, before anything is sent.
+
+        ``ids``: each task's id, from :func:`task_ids` (``schedule_many`` makes them before
+        it groups tasks by shard); without them, the same is done here. A
+        :class:`CheckedSpec` is not checked again: only its payload, by encoding it."""
+        if ids is None:
+            ids = task_ids(specs)
         created_ms = str(self.wall_ms()).encode()
         created = created_ms + b"}\n"
-        ids: list[str] = []
+        codec, limit = self.codec, self.max_payload
         rest: list[Arg] = []
-        for spec in specs:
-            tid = next(generated) if spec.task_id is None else validate_task_id(spec.task_id)
+        for spec, tid in zip(specs, ids, strict=True):
             prefix = self._prefix(spec.kind, spec.max_attempts)
-            data = encode_payload(self.codec, spec.payload, self.max_payload)
-            ids.append(tid)
-            if spec.headers is None:  # no headers: the record is as it always was
-                record = prefix + created + data
-            else:  # (the last header field, after "c": codec.py)
-                record = prefix + created_ms + encode_headers(spec.headers) + b"}\n" + data
-            rest += (tid, due_spec(spec.delay, spec.at), record)
-        if len(set(ids)) != len(ids):
-            raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
-        return ids, rest
+            data = encode_payload(codec, spec.payload, limit)
+            if type(spec) is CheckedSpec:  # (exactly: a subclass may check nothing)
+                head, due = spec.header_field, spec.due
+            else:
+                head = b"" if spec.headers is None else encode_headers(spec.headers)
+                due = due_spec(spec.delay, spec.at)
+            # No headers: the record is as it always was (else they are the header's last
+            # field, after "c": codec.py).
+            record = prefix + created_ms + head + b"}\n" + data if head else prefix + created + data
+            rest += (tid, due, record)
+        return list(ids), rest
 
     def schedule(
         self,
@@ -355,28 +473,39 @@ class QueueCore:
         replace: bool = False,
         durable: bool = False,
         now_ms: int | None = None,
+        ids: Sequence[str] | None = None,
     ) -> Op[list[str]]:
         """Parses to a :class:`Scheduled` per task, or to the bare ids when there is no
-        reply (a round trip that failed: ConnectionFailed lists them as unconfirmed)."""
-        ids, rest = self.encode_tasks(specs)
+        reply (a round trip that failed: ConnectionFailed lists them as unconfirmed).
+        ``ids``: as :meth:`encode_tasks` takes them."""
+        ids, rest = self.encode_tasks(specs, ids)
 
         def parse(reply: Any) -> list[str]:
             if reply is None:
                 return ids
             return cast(list[str], Scheduled.from_replies(ids, reply))  # each one is a str
 
-        return self.op(
-            "schedule",
-            {
-                "now": self.now_arg(now_ms),
-                "dedupe_ms": self.dedupe_ms,
-                "replace": "1" if replace else "0",
-                "channel": self.keys.wake_channel,
-                "durable": "1" if durable else "0",
-            },
-            rest,
-            parse,
-        )
+        now = self.now_arg(now_ms)
+        head = self._schedule_heads.get((replace, durable)) if now == "" else None
+        if head is None:
+            # The keys and the arguments before the tasks, laid out by the script's header.
+            # On the server's clock (no "now" given) they are the same on every call, so
+            # they are made once per (replace, durable).
+            head = self.op(
+                "schedule",
+                {
+                    "now": now,
+                    "dedupe_ms": self.dedupe_ms,
+                    "replace": "1" if replace else "0",
+                    "channel": self.keys.wake_channel,
+                    "durable": "1" if durable else "0",
+                },
+                [],
+                parse,
+            )
+            if now == "":
+                self._schedule_heads[(replace, durable)] = head
+        return Op(head.script, list(head.keys), head.args + rest, parse)
 
     def cancel(self, task_id: str) -> Op[bool]:
         return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)

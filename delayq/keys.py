@@ -55,13 +55,19 @@ class Key:
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.suffix = self.suffix or name
+        self.name = name
 
     @overload
     def __get__(self, keys: None, owner: type) -> Key: ...
     @overload
     def __get__(self, keys: QueueKeys, owner: type) -> str: ...
     def __get__(self, keys: QueueKeys | None, owner: type) -> Key | str:
-        return self if keys is None else f"{keys.base}:{self.suffix}"
+        if keys is None:
+            return self
+        # Made once per QueueKeys: kept in its __dict__, which is read before this
+        # descriptor from then on (several keys are read on every call).
+        name = keys.__dict__[self.name] = f"{keys.base}:{self.suffix}"
+        return name
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from delayq.core import (
     ScheduleOptions,
     TaskSpec,
     check_page,
-    new_task_ids,
+    task_ids,
     validate_task_id,
 )
 from delayq.cron import ops as cron_ops
@@ -64,8 +64,8 @@ _OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "dura
 
 
 def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
-    unknown = options.keys() - _OPTIONS
-    if unknown:
+    if not _OPTIONS.issuperset(options):
+        unknown = options.keys() - _OPTIONS
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
     return TaskSpec(
         kind,
@@ -85,12 +85,6 @@ def _as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
         return TaskSpec(**item)
     except TypeError as e:
         raise InvalidTaskError(f"schedule_many item {item!r} is not a task: {e}") from None
-
-
-def _with_id(spec: TaskSpec, task_id: str) -> TaskSpec:
-    return TaskSpec(
-        spec.kind, spec.payload, spec.delay, spec.at, task_id, spec.max_attempts, spec.headers
-    )
 
 
 def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
@@ -244,16 +238,24 @@ class _Base(Generic[C]):
         if hooks.before_schedule or self.before_schedule:  # (nothing more when none)
             chain = [*hooks.before_schedule, *self.before_schedule]
             specs = [_run_hooks(chain, s) for s in specs]
-        fresh = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
-        specs = [s if s.task_id is not None else _with_id(s, next(fresh)) for s in specs]
-        ids = [validate_task_id(s.task_id) for s in specs]
-        if len(set(ids)) != len(ids):
-            raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
-        ops = [
-            core.schedule(chunk, replace=replace, durable=durable)
-            for core, group in self.shards.group(specs, lambda s: str(s.task_id))
-            for chunk in _chunks(group, SCHEDULE_BATCH)
-        ]
+        ids = task_ids(specs)  # each id checked once (a new one: not at all)
+        if self.shards.n == 1:
+            core = self.core
+            ops = [
+                core.schedule(
+                    specs[i : i + SCHEDULE_BATCH],
+                    ids=ids[i : i + SCHEDULE_BATCH],
+                    replace=replace,
+                    durable=durable,
+                )
+                for i in range(0, len(specs), SCHEDULE_BATCH)
+            ]
+            return ids, ops
+        ops = []
+        for core, group in self.shards.group(zip(specs, ids, strict=True), lambda p: p[1]):
+            for chunk in _chunks(group, SCHEDULE_BATCH):
+                part, part_ids = [s for s, _ in chunk], [i for _, i in chunk]
+                ops.append(core.schedule(part, ids=part_ids, replace=replace, durable=durable))
         return ids, ops
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
@@ -301,21 +303,27 @@ class _Base(Generic[C]):
         by_id = {str(s): s for s in done if isinstance(s, Scheduled)}
         return [by_id[i] for i in ids]
 
+    def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[list[str]]:
+        """The script call of one ``schedule``: that of a ``schedule_many`` of one task."""
+        spec = _spec(kind, payload, options)
+        replace, durable = options.get("replace", False), options.get("durable", False)
+        if self.shards.n == 1 and not (hooks.before_schedule or self.before_schedule):
+            # The common case, built straight away: the same checks and encoding
+            # (encode_tasks makes and checks the id), without the lists of a batch.
+            return self.core.schedule([spec], replace=replace, durable=durable)
+        _, ops = self._schedule_ops([spec], replace, durable)
+        return ops[0]
+
     def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[Scheduled]:
-        _, ops = self._schedule_ops(
-            [_spec(kind, payload, options)],
-            options.get("replace", False),
-            options.get("durable", False),
-        )
+        op = self._schedule_op(kind, payload, options)
         if not self.shards.write_checked:
             yield from self._check_shards_plan()
-        wait = self.durable if options.get("durable") else None
-        if wait is None:
+        if not options.get("durable"):
             # The hot path: the step itself rather than call() (a generator less per call);
             # its parser gives Scheduled ids (typed list[str] by the builder).
-            reply: list[Scheduled] = yield Call(ops[0])
+            reply: list[Scheduled] = yield Call(op)
         else:
-            (reply,) = yield from batch_plan(ops, wait)
+            (reply,) = yield from batch_plan([op], self.durable)
         return reply[0]
 
     def _schedules_plan(self) -> Plan[list[cron_ops.ScheduleInfo]]:

@@ -44,6 +44,7 @@ import hashlib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from importlib import resources
 from itertools import islice
 from typing import Any
@@ -214,6 +215,16 @@ class Script:
     variadic: str | None
     reply: Reply
 
+    # Worked out once (keys_and_args runs on every call): the ARGV names as a set, and
+    # whether every key is a QueueKeys one (none declared ``*name``).
+    @cached_property
+    def arg_set(self) -> frozenset[str]:
+        return frozenset(self.arg_names)
+
+    @cached_property
+    def fixed_keys(self) -> bool:
+        return not any(k.startswith("*") for k in self.key_names)
+
     def keys_and_args(
         self,
         keys: QueueKeys,
@@ -223,7 +234,7 @@ class Script:
     ) -> tuple[list[str], list[Arg]]:
         """KEYS and ARGV for a call. A key declared ``*name`` depends on the call (say, the
         gate of one watched key) and comes from ``dynamic``; the others from QueueKeys."""
-        if set(args) != set(self.arg_names):
+        if args.keys() != self.arg_set:
             raise TypeError(
                 f"{self.name}.lua takes ARGV {self.arg_names}, got {tuple(sorted(args))}"
             )
@@ -232,7 +243,7 @@ class Script:
         argv: list[Arg] = [args[name] for name in self.arg_names]
         if rest:
             argv += rest
-        if not any(k.startswith("*") for k in self.key_names):
+        if self.fixed_keys:
             return keys.names(self.key_names), argv
         dynamic = dynamic or {}
         names = []

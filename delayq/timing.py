@@ -22,6 +22,8 @@ Duration = float | int | timedelta
 
 def seconds(value: Duration, what: str = "delay") -> float:
     """Validate a non-negative, finite duration given as seconds or a timedelta."""
+    if (type(value) is int or type(value) is float) and 0 <= value <= MAX_DELAY_S:
+        return float(value)  # the common case, on every schedule call (NaN fails the test)
     if isinstance(value, timedelta):
         secs = value.total_seconds()
     elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -77,11 +79,11 @@ def at_ms(at: datetime | float | int) -> int | float:
 
 def due_spec(delay: Duration | None, at: datetime | float | int | None) -> str:
     """The due argument the scripts take: ``+<ms>`` relative to server time, or absolute ms."""
-    if delay is not None and at is not None:
+    if at is None:
+        return "+" + str(round(seconds(delay if delay is not None else 0) * 1000))
+    if delay is not None:
         raise InvalidTaskError("pass either delay= or at=, not both")
-    if at is not None:
-        return str(at_ms(at))
-    return "+" + str(round(seconds(delay if delay is not None else 0) * 1000))
+    return str(at_ms(at))
 
 
 _MAX_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last second datetime can hold

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from delayq import AsyncQueue, InvalidTaskError, Queue, Task, TaskSpec
+from delayq.core import CheckedSpec
 from delayq.embedded import EmbeddedServer
 
 
@@ -153,6 +155,38 @@ def test_schedule_many_refuses_duplicate_ids(api: Any) -> None:
     with pytest.raises(InvalidTaskError, match="twice"):
         api.schedule_many([TaskSpec("k", task_id="a"), TaskSpec("k", task_id="a")])
     assert api.stats().scheduled == 0
+
+
+def test_checked_specs_schedule_as_task_specs(api: Any) -> None:
+    ids = api.schedule_many(
+        [
+            CheckedSpec("k", {"n": 1}, delay=60, task_id="c1", max_attempts=2),
+            CheckedSpec("k", [2], headers={"t": "x"}),
+            TaskSpec("k", 3, delay=5),
+        ]
+    )
+    assert ids[0] == "c1" and all(s.created for s in ids)
+    one, two, three = (api.get(i) for i in ids)
+    assert (one.payload, one.max_attempts, one.state) == ({"n": 1}, 2, "scheduled")
+    assert (two.payload, two.headers, three.payload) == ([2], {"t": "x"}, 3)
+    with pytest.raises(InvalidTaskError, match="twice"):
+        api.schedule_many([CheckedSpec("k", task_id="d"), TaskSpec("k", task_id="d")])
+    with pytest.raises(InvalidTaskError, match="JSON"):  # its payload is checked by encoding
+        api.schedule_many([CheckedSpec("k", {1, 2})])
+    assert api.stats().scheduled == 3
+
+
+def test_a_hook_sees_a_checked_spec_as_a_task_spec_and_its_result_is_checked(
+    server: EmbeddedServer, qname: str
+) -> None:
+    def bad_id(spec: TaskSpec) -> TaskSpec:
+        assert type(spec) is TaskSpec
+        return dataclasses.replace(spec, task_id="bad\nid")
+
+    with Queue(qname, url=server.url, before_schedule=[bad_id]) as q:
+        with pytest.raises(InvalidTaskError, match="control characters"):
+            q.schedule_many([CheckedSpec("k", task_id="fine")])
+        assert q.stats().scheduled == 0
 
 
 def test_payload_round_trips_exactly(api: Any) -> None:

@@ -1,0 +1,140 @@
+"""Checking and encoding tasks without a server: CheckedSpec (checked once, as it is made),
+the JSON encoder made once (codec.compact_json) and the per-queue constants of a schedule
+call, each against what it replaces."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from delayq import InvalidTaskError, TaskSpec
+from delayq.codec import compact_json
+from delayq.core import CheckedSpec, QueueCore, task_ids
+from delayq.keys import QueueKeys
+from delayq.testing import VirtualClock
+
+VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    -(2**70),
+    1.5,
+    1e300,
+    "",
+    'é\u2028"\\/\x00\x1f',
+    [1, [2, [3, {}]]],
+    {"a": {"b": [None, False]}, "é": "ü", "": 1.0},
+    {1: "int key", 2.5: "float key", None: "null key", False: "bool key"},
+]
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_compact_json_writes_what_the_standard_encoder_writes(
+    value: Any, ensure_ascii: bool
+) -> None:
+    standard = json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False)
+    assert compact_json(ensure_ascii)(value) == standard.encode(value)
+
+
+def test_compact_json_refuses_what_the_standard_encoder_refuses() -> None:
+    encode = compact_json()
+    circular: list[Any] = []
+    circular.append(circular)
+    with pytest.raises(ValueError, match="Circular reference"):
+        encode(circular)
+    nested: dict[str, Any] = {}
+    nested["self"] = {"again": nested}
+    with pytest.raises(ValueError, match="Circular reference"):
+        encode(nested)
+    for bad in (math.nan, [math.inf]):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            encode(bad)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        encode({"when": datetime.now(UTC)})
+    assert encode([1, 2]) == "[1,2]"  # nothing left behind by the errors
+
+
+def test_a_checked_spec_refuses_what_schedule_many_refuses() -> None:
+    core = QueueCore("q")
+    bad: list[dict[str, Any]] = [
+        {"kind": ""},
+        {"kind": "a\nb"},
+        {"kind": "k", "task_id": "x" * 257},
+        {"kind": "k", "task_id": "bad\x00id"},
+        {"kind": "k", "task_id": "\udcff"},
+        {"kind": "k", "delay": -1},
+        {"kind": "k", "delay": math.nan},
+        {"kind": "k", "delay": True},
+        {"kind": "k", "delay": 1, "at": 2},
+        {"kind": "k", "at": datetime(2030, 1, 1)},  # naive
+        {"kind": "k", "max_attempts": -1},
+        {"kind": "k", "max_attempts": 1.0},
+        {"kind": "k", "headers": {"a": 1}},
+        {"kind": "k", "headers": {"a": "x" * 5000}},
+    ]
+    for fields in bad:
+        with pytest.raises(InvalidTaskError) as plain:
+            core.encode_tasks([TaskSpec(**fields)])
+        with pytest.raises(InvalidTaskError) as checked:
+            CheckedSpec(**fields)
+        assert str(checked.value) == str(plain.value), fields
+
+
+def test_a_checked_spec_encodes_as_the_same_task_spec() -> None:
+    core = QueueCore("q", clock=VirtualClock(datetime(2027, 1, 1, tzinfo=UTC)))
+    fields: list[dict[str, Any]] = [
+        {"kind": "k", "payload": {"n": 1}, "delay": 1.5, "task_id": "a"},
+        {"kind": "k", "payload": [1], "at": datetime(2030, 1, 2, tzinfo=UTC), "task_id": "b"},
+        {"kind": "k", "max_attempts": 3, "headers": {"t": "1"}, "task_id": "c"},
+        {"kind": "k", "headers": {}, "task_id": "d"},
+    ]
+    plain = core.encode_tasks([TaskSpec(**f) for f in fields])
+    assert core.encode_tasks([CheckedSpec(**f) for f in fields]) == plain
+
+
+def test_only_a_checked_spec_itself_is_trusted() -> None:
+    """A subclass may make its instances without the checks: its ids are checked again,
+    and dataclasses.replace of a CheckedSpec checks the new one."""
+
+    class Unchecked(CheckedSpec):
+        def __init__(self, kind: str, task_id: str) -> None:
+            TaskSpec.__init__(self, kind, task_id=task_id)
+            self.__dict__.update(due="+0", header_field=b"")
+
+    with pytest.raises(InvalidTaskError, match="control characters"):
+        task_ids([Unchecked("k", "bad\nid"), CheckedSpec("k", task_id="fine")])
+    with pytest.raises(InvalidTaskError, match="control characters"):
+        dataclasses.replace(CheckedSpec("k", task_id="fine"), task_id="bad\nid")
+    spec = CheckedSpec("k", {"p": 1}, delay=2)
+    assert spec == CheckedSpec("k", {"p": 1}, delay=2) and spec.due == "+2000"
+    assert spec != TaskSpec("k", {"p": 1}, delay=2)  # (dataclass equality: the same class)
+
+
+def test_a_schedule_call_reuses_its_constants_only_on_the_servers_clock() -> None:
+    core = QueueCore("q")
+    one, two = core.schedule([TaskSpec("k")]), core.schedule([TaskSpec("k")], replace=True)
+    assert one.keys == two.keys and one.keys is not two.keys
+    assert one.args[:5] == ["", core.dedupe_ms, "0", core.keys.wake_channel, "0"]
+    assert two.args[:5] == ["", core.dedupe_ms, "1", core.keys.wake_channel, "0"]
+    assert one.args[5] == one.parse(None)[0] and len(one.args) == len(two.args) == 8
+    clock = VirtualClock(datetime(2027, 1, 1, tzinfo=UTC))
+    virtual, start = QueueCore("q", clock=clock), clock.now_ms()
+    assert virtual.schedule([TaskSpec("k")]).args[0] == start
+    clock.advance(5)
+    assert virtual.schedule([TaskSpec("k")]).args[0] == start + 5000
+
+
+def test_key_names_are_made_once_and_stay_right() -> None:
+    keys = QueueKeys("orders#3", "pre")
+    assert (
+        keys.wake_channel == "pre:{orders#3}:wake" and keys.scheduled == "pre:{orders#3}:scheduled"
+    )
+    assert keys.wake_channel is keys.wake_channel  # (kept after the first read)
+    assert keys == QueueKeys("orders#3", "pre") and hash(keys) == hash(QueueKeys("orders#3", "pre"))
+    assert QueueKeys("other").scheduled == "dq:{other}:scheduled"
