@@ -227,6 +227,49 @@ class CheckedSpec(TaskSpec):
         self.__dict__["header_field"] = encode_headers(headers)
         self.__dict__["due"] = due_spec(delay, at)
 
+    @classmethod
+    def many(cls, tasks: Iterable[Sequence[Any]]) -> list[CheckedSpec]:
+        """A CheckedSpec of each (kind, payload, delay, at, task_id, max_attempts, headers),
+        with a new id for a task_id of None: the checks of one CheckedSpec, each kind, delay
+        and ``at`` checked once per call (a batch repeats them; by value and type, so 1 and
+        True are told apart). InvalidTaskError at the first task refused."""
+        rows = list(tasks)
+        fresh = iter(new_task_ids(sum(1 for row in rows if row[4] is None)))
+        checked: dict[tuple[Any, ...], str] = {}  # kind, max_attempts, delay, at -> due
+        out = []
+        for kind, payload, delay, at, task_id, max_attempts, headers in rows:
+            if task_id is None:
+                task_id = next(fresh)  # made here: nothing to check
+            else:
+                validate_task_id(task_id)
+            key: tuple[Any, ...] | None = (
+                kind,
+                type(max_attempts),
+                max_attempts,
+                type(delay),
+                delay,
+                type(at),
+                at,
+            )
+            try:
+                due = checked.get(key)  # type: ignore[arg-type]
+            except TypeError:  # an unhashable value: refused below
+                due, key = None, None
+            if due is None:  # (in CheckedSpec's order, so a task is refused for one reason)
+                validate_kind(kind)
+                validate_max_attempts(max_attempts)
+                head = encode_headers(headers)
+                due = due_spec(delay, at)
+                if key is not None:
+                    checked[key] = due
+            else:
+                head = b"" if headers is None else encode_headers(headers)
+            spec = cls.__new__(cls)
+            TaskSpec.__init__(spec, kind, payload, delay, at, task_id, max_attempts, headers)
+            spec.__dict__["header_field"], spec.__dict__["due"] = head, due
+            out.append(spec)
+        return out
+
 
 def new_task_ids(n: int) -> list[str]:
     """Ids of 96 random bits in 16 URL-safe characters: short, since every byte is kept per

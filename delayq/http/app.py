@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from delayq.admin.inspect import overview_of, overview_ops
 from delayq.admin.present import task_dict
 from delayq.connection import RETRIES, async_client, resolve_url
-from delayq.core import new_task_ids, validate_task_id
+from delayq.core import TaskSpec, new_task_ids, validate_task_id
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.expiring.ops import validate_key
 from delayq.http import schemas, wire
@@ -234,27 +234,26 @@ class Api:
     async def schedule(self, request: Request) -> Reply:
         f = schemas.check_fields(request.json(), schemas.TASK)
         tid = f.get("id") or new_task_ids(1)[0]
+        spec = schemas.spec_of(f, tid)
 
         async def work(q: AsyncQueue) -> Reply:
             try:
                 s = await self.coalescer.schedule(
                     q,
-                    schemas.spec_of(f, tid),
+                    spec,
                     replace=f.get("replace", False),
                     durable=f.get("durable", False),
                 )
             except (InvalidTaskError, ConnectionFailed) as e:
                 raise from_error(e, "/payload", id=tid) from None
-            (result,) = await _results(q, [s], [f])
+            (result,) = await _results(q, [s], [spec])
             return Reply(201 if s.status == "created" else 200, result)
 
         return await self.run(request, work)
 
     async def schedule_batch(self, request: Request) -> Reply:
-        tasks, replace, durable = schemas.check_batch(request.json())
-        fresh = iter(new_task_ids(sum(1 for t in tasks if "id" not in t)))
-        ids = [t["id"] if "id" in t else next(fresh) for t in tasks]
-        specs = [schemas.spec_of(t, i) for t, i in zip(tasks, ids, strict=True)]
+        specs, replace, durable = schemas.batch_specs(request.json())
+        ids = [str(s.task_id) for s in specs]
 
         async def work(q: AsyncQueue) -> Reply:
             try:
@@ -274,7 +273,7 @@ class Api:
                     scheduled=[{"index": where[t], "id": str(t)} for t in e.scheduled],
                     unconfirmed=[{"index": where[t], "id": str(t)} for t in e.unconfirmed],
                 ) from None
-            results = await _results(q, done, tasks)
+            results = await _results(q, done, specs)
             return Reply(200, {"tasks": results})
 
         return await self.run(request, work)
@@ -389,14 +388,17 @@ def _due(f: dict[str, Any], now: datetime | None = None) -> datetime:
     """When a task sent with these fields is due: ``at``, else now plus ``delay`` on this
     process's clock (the server adds the delay to its own clock; they agree to within the
     machines' clock skew)."""
-    at = f.get("at")
+    return _due_at(f.get("delay"), f.get("at"), now)
+
+
+def _due_at(delay: Any, at: Any, now: datetime | None = None) -> datetime:
     if at is not None:
         return at  # type: ignore[no-any-return]
-    return (now or datetime.now(UTC)) + timedelta(seconds=f.get("delay") or 0)
+    return (now or datetime.now(UTC)) + timedelta(seconds=delay or 0)
 
 
 async def _results(
-    q: AsyncQueue, done: list[Scheduled], fields: list[dict[str, Any]]
+    q: AsyncQueue, done: list[Scheduled], specs: Sequence[TaskSpec]
 ) -> list[dict[str, Any]]:
     """What each schedule did: a task created or moved is due as asked; for one left as it
     was (its id exists), its own due time is read back, all in one round trip."""
@@ -408,15 +410,15 @@ async def _results(
     now = datetime.now(UTC)
     dues: dict[tuple[Any, Any], str | None] = {}  # a batch's tasks repeat their delays
     out = []
-    for i, (s, f) in enumerate(zip(done, fields, strict=True)):
+    for i, (s, spec) in enumerate(zip(done, specs, strict=True)):
         if i in infos:
             info = infos[i]
             due = _iso(info.due_at) if info is not None else None
         else:
-            key = (f.get("delay"), f.get("at"))
+            key = (spec.delay, spec.at)
             due = dues.get(key)
             if due is None:
-                due = dues[key] = _iso(_due(f, now))
+                due = dues[key] = _iso(_due_at(spec.delay, spec.at, now))
         status = s.status
         out.append({"id": str(s), "due_at": due, "created": status == "created", "status": status})
     return out

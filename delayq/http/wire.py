@@ -7,7 +7,6 @@ key may hold a ``/`` (sent as ``%2F``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,13 +14,14 @@ from urllib.parse import parse_qs, unquote
 
 from starlette.types import Receive, Scope
 
+from delayq.codec import compact_json
 from delayq.http import schemas
 from delayq.http.problems import MEDIA_TYPE, Problem
 
 DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
 JSON_MEDIA = b"application/json"
 PROBLEM_MEDIA = MEDIA_TYPE.encode()
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_encode_json = compact_json(ensure_ascii=True)
 
 
 class Request:
@@ -55,10 +55,10 @@ class Reply:
 
 def encode(data: Any) -> bytes:
     try:
-        return _ENCODER.encode(data).encode()
+        return _encode_json(data).encode()
     except (TypeError, ValueError):
         # A payload JSON cannot hold (bytes, NaN: a msgpack task's): shown as text.
-        return _ENCODER.encode(jsonable(data)).encode()
+        return _encode_json(jsonable(data)).encode()
 
 
 def jsonable(value: Any) -> Any:

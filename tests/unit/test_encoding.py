@@ -138,3 +138,30 @@ def test_key_names_are_made_once_and_stay_right() -> None:
     assert keys.wake_channel is keys.wake_channel  # (kept after the first read)
     assert keys == QueueKeys("orders#3", "pre") and hash(keys) == hash(QueueKeys("orders#3", "pre"))
     assert QueueKeys("other").scheduled == "dq:{other}:scheduled"
+
+
+def test_checked_spec_many_checks_each_task_as_one_checked_spec() -> None:
+    at = datetime(2030, 1, 2, tzinfo=UTC)
+    rows: list[tuple[Any, ...]] = [
+        ("k", {"n": 1}, 60, None, "a", 0, None),
+        ("k", {"n": 2}, 60, None, None, 0, {"t": "1"}),
+        ("k2", None, None, at, "c", 3, None),
+        ("k", [1], 60, None, None, 0, None),
+    ]
+    many = CheckedSpec.many(rows)
+    assert [s.task_id for s in many][::2] == ["a", "c"] and all(s.task_id for s in many)
+    for spec, (kind, payload, delay, at_, _, attempts, headers) in zip(many, rows, strict=True):
+        one = CheckedSpec(kind, payload, delay, at_, spec.task_id, attempts, headers)
+        assert type(spec) is CheckedSpec and spec == one
+        assert (spec.due, spec.header_field) == (one.due, one.header_field)
+    # Checked once per value *and type*: True is not 1, and a repeated bad value still fails.
+    for bad in [
+        [("k", None, None, None, None, 1, None), ("k", None, None, None, None, True, None)],
+        [("k", None, 1, None, None, 0, None), ("k", None, True, None, None, 0, None)],
+        [("k", None, 1, None, None, 0, None), ("k", None, 1, None, "x\ny", 0, None)],
+        [("k", None, 1, None, None, 0, None), ("k", None, 1, None, None, 0, {"a": 1})],
+        [("k", None, [1], None, None, 0, None)],
+        [("k", None, math.nan, None, None, 0, None)] * 2,
+    ]:
+        with pytest.raises(InvalidTaskError):
+            CheckedSpec.many(bad)
