@@ -307,10 +307,21 @@ async def test_batch_writes_what_schedule_many_writes(
         },
         {"kind": "k2", "id": "b", "payload": [1, "é"], "at": at},
         {"kind": "k", "id": "c", "max_attempts": 3.0},
+        {"kind": "k", "id": 'é "\u2028/x', "delay": 60},
     ]
     r = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks})
     assert r.status_code == 200, r.text
-    assert [x["id"] for x in r.json()["tasks"]] == ["a", "b", "c"]
+    results = r.json()["tasks"]
+    assert [x["id"] for x in results] == ["a", "b", "c", 'é "\u2028/x']
+    assert results[0]["due_at"] == results[3]["due_at"]  # (the same delay)
+    assert results[1]["due_at"] == "2030-01-02T01:04:05.250000+00:00"
+    assert all(x["created"] is True and x["status"] == "created" for x in results)
+    again = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks[1:2]})
+    assert again.json() == {
+        "tasks": [
+            {"id": "b", "due_at": results[1]["due_at"], "created": False, "status": "unchanged"}
+        ]
+    }
     a, b, c = (sq.get(i) for i in "abc")
     assert a is not None and b is not None and c is not None
     assert (a.kind, a.payload, a.max_attempts, a.headers) == ("k", {"n": 1}, 3, {"tenant": "t1"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from json.encoder import encode_basestring_ascii
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -51,6 +52,18 @@ class Reply:
         self.body = b"" if data is None else encode(data)
         self.headers = headers
         self.media = JSON_MEDIA
+
+
+def encoded(status: int, body: bytes) -> Reply:
+    """A reply whose JSON body is encoded already."""
+    reply = Reply(status)
+    reply.body = body
+    return reply
+
+
+def encode_str(text: str) -> bytes:
+    """A string as JSON, as :func:`encode` writes one (its string encoder, called alone)."""
+    return encode_basestring_ascii(text).encode()
 
 
 def encode(data: Any) -> bytes:
