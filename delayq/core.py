@@ -493,11 +493,15 @@ class QueueCore:
             ids = task_ids(specs)
         created_ms = str(self.wall_ms()).encode()
         created = created_ms + b"}\n"
-        codec, limit = self.codec, self.max_payload
+        encode, limit, prefixes = self.codec.encode, self.max_payload, self._prefixes
         rest: list[Arg] = []
         for spec, tid in zip(specs, ids, strict=True):
-            prefix = self._prefix(spec.kind, spec.max_attempts)
-            data = encode_payload(codec, spec.payload, limit)
+            prefix = prefixes.get((spec.kind, spec.max_attempts)) or self._prefix(
+                spec.kind, spec.max_attempts
+            )
+            data = encode(spec.payload)
+            if len(data) > limit:  # (encode_payload's check, and its error)
+                encode_payload(self.codec, spec.payload, limit)
             if type(spec) is CheckedSpec:  # (exactly: a subclass may check nothing)
                 head, due = spec.header_field, spec.due
             else:
