@@ -2,8 +2,10 @@
 
 Producers publish a due time whenever they add a task earlier than the head of the
 schedule. An idle worker sleeps until the head it knows of falls due, a message brings an
-earlier one, or the cap (about a second) passes — listening costs Redis no commands, and
-a message lost while reconnecting costs at most the cap.
+earlier one, or the worker's ``max_wait`` (15 s) passes — listening costs Redis no
+commands. A subscription that drops is noticed: the worker looks at the queue as soon as it
+is back, so nothing published meanwhile waits; only a message lost while the link stays up
+waits for the next look, at most ``max_wait``.
 """
 
 from __future__ import annotations

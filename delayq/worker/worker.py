@@ -106,9 +106,15 @@ class Worker:
         grace: on shutdown, how long running handlers may finish before they are handed back.
         lookahead: claim tasks due this soon and start each on a local timer, so handlers
             start within a millisecond or two of their due time.
-        max_wait: cap on any idle wait: how often an idle worker looks at the queue anyway,
-            in case a wake-up was lost without its connection dropping (a dropped one is
-            noticed, and the queue looked at, at once). Each look is a few commands.
+        max_wait: cap on any idle wait (15 s): how often an idle worker looks at the queue
+            anyway, in case a wake-up was lost without its connection dropping (a dropped
+            one is noticed, and the queue looked at, at once). It is the bound on how late a
+            silently lost wake-up can make a task: at most ``max_wait`` (plus the look's
+            round trip). Each look executes four commands on the server (the claim script,
+            ``TIME`` and the two heads), five when it carries the worker's registration, so an
+            idle worker costs about ``5 / max_wait`` commands a second. It also sets how
+            often a worker held back by a rate limit looks at the limit again, and how often
+            each shard of a sharded queue is looked at while nothing is known to be due there.
         client: an existing ``redis.asyncio`` client (made with ``decode_responses=False``)
             for the worker's loops, instead of one it makes from the queue's URL; the worker
             does not close it.
@@ -125,7 +131,7 @@ class Worker:
         lease: float | timedelta = 30,
         grace: float | timedelta = 30,
         lookahead: float = 0.02,
-        max_wait: float = 5.0,
+        max_wait: float = 15.0,
         client: Any = None,
         configure_notifications: bool = True,
     ) -> None:
@@ -354,7 +360,8 @@ class Worker:
     def _registration_due(self, lane: int = 0) -> tuple[str, str]:
         """Register with this claim only every REGISTER_EVERY_S, and send the registration
         itself only when it changed (or once a minute): an idle worker's registration is
-        then one ZADD every few seconds."""
+        then one ZADD with each of its looks (every max_wait, at most every
+        REGISTER_EVERY_S)."""
         now = time.monotonic()
         reg = self._registered[lane]
         if now - reg.at < REGISTER_EVERY_S:

@@ -14,7 +14,8 @@ class BrokenWorker(Worker):
         raise RuntimeError("registration is broken (on purpose, for the test)")
 
 
-worker = BrokenWorker(Queue(os.environ.get("DQ_QUEUE", "broken")))
+# It fails at each registration, which rides on a look: look every 5 s, not every 15 s.
+worker = BrokenWorker(Queue(os.environ.get("DQ_QUEUE", "broken")), max_wait=5)
 worker.supervisor.max_failures = 3
 worker.supervisor.max_delay = 0.2
 
