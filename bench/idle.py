@@ -29,6 +29,8 @@ TITLE = "Idle worker: commands sent per second on an empty queue"
 WINDOW = 30.0
 SETTLE = 2.0
 BAR_PER_S = 1.0
+# Issue 22's bar: commands executed per idle worker, those inside scripts counted.
+BAR_EXECUTED_PER_S = 0.5
 
 _LINE = re.compile(rb'^\+(\d+\.\d+) \[\d+ ([^\]]+)\] "([^"]*)"')
 
@@ -178,3 +180,10 @@ def report_idle(
         },
     )
     rep.bar(f"idle worker commands per second ({flavour})", rate, "<=", BAR_PER_S, "cmd/s")
+    rep.bar(
+        f"idle worker commands executed per second ({flavour})",
+        total_less_ours / length,
+        "<=",
+        BAR_EXECUTED_PER_S,
+        "cmd/s",
+    )

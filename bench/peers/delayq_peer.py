@@ -17,13 +17,13 @@ DISTS = ("delayq", "redis")
 MODULES = ("delayq",)
 PRODUCE = "Queue.schedule_many([TaskSpec(kind, payload, at=due), ...]) (its batch call)"
 SETTINGS = (
-    "Worker(queue) defaults: concurrency 16, lease 30 s, lookahead 20 ms, max_wait 5 s; "
+    "Worker(queue) defaults: concurrency 16, lease 30 s, lookahead 20 ms, max_wait 15 s; "
     "async handler"
 )
 POLL = (
     "no polling: claims tasks due within 20 ms and starts each on a local timer at its due "
     "time (and, for handlers that fast, as many as it will start within 20 ms, up to 1,000 "
-    "ahead); sleeps until the next due time, lease deadline or pub/sub wake-up, at most 5 s "
+    "ahead); sleeps until the next due time, lease deadline or pub/sub wake-up, at most 15 s "
     "(max_wait)"
 )
 KIND = "bench.noop"
