@@ -109,3 +109,82 @@ def test_a_lost_wake_up_delays_a_task_by_at_most_max_wait(
         queue.client.zadd(k_.scheduled, {"unannounced": 0})  # due since 1970: due now
         assert ran.wait(max_wait + 5)
     assert ran_at[0] - written <= max_wait + 0.5, ran_at[0] - written
+
+
+def _subscribes(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_subscribe", {}).get("calls", 0))
+
+
+def _write_unannounced(queue: Queue, task_id: str) -> None:
+    """A task due now, written without the producer's wake-up: a lost message, to a worker."""
+    k_ = queue.core.keys
+    record = encode_record("k", b"null", max_attempts=0, created_ms=1, fmt="json")
+    queue.client.hset(k_.tasks, task_id, record)
+    queue.client.zadd(k_.scheduled, {task_id: 0})
+
+
+@pytest.mark.parametrize("binary", [b for _, b in FLAVOURS], ids=[n for n, _ in FLAVOURS])
+def test_a_look_that_finds_an_unannounced_task_renews_the_subscription(
+    make_server: Any, run_worker: Any, binary: str
+) -> None:
+    """A dead subscription whose connection does not know it would lose every wake-up: the
+    look that finds a task nobody announced subscribes again (one SUBSCRIBE), so it costs
+    that one task's delay. The renewed subscription hears the next task at once."""
+    srv: EmbeddedServer = make_server(binary, appendonly=False)
+    queue = Queue("renew", url=srv.url)
+    worker = Worker(queue, max_wait=1)
+    ran: list[str] = []
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        ran.append(task.id)
+
+    try:
+        with run_worker(worker):
+            wait_for(lambda: _registered(queue, worker))
+            subscribed = _subscribes(queue.client)
+            _write_unannounced(queue, "lost")
+            wait_for(lambda: ran == ["lost"], timeout=5)
+            wait_for(lambda: _subscribes(queue.client) == subscribed + 1, timeout=10)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            queue.schedule("k", None, task_id="heard")
+            wait_for(lambda: "heard" in ran, timeout=5, interval=0.005)
+            assert time.monotonic() - t0 < 0.5  # heard, not found at the next 1 s look
+            time.sleep(1.5)
+        assert _subscribes(queue.client) == subscribed + 1  # once, not at every look
+    finally:
+        queue.close()
+
+
+@pytest.mark.parametrize("binary", [b for _, b in FLAVOURS], ids=[n for n, _ in FLAVOURS])
+def test_announced_tasks_never_renew_the_subscription(
+    make_server: Any, run_worker: Any, binary: str
+) -> None:
+    """Tasks announced, or due after a head the worker knows of (not announced, but told by
+    the claim's reply), across many 0.5 s looks: never a second SUBSCRIBE."""
+    srv: EmbeddedServer = make_server(binary, appendonly=False)
+    queue = Queue("quiet", url=srv.url)
+    worker = Worker(queue, max_wait=0.5)
+    ran: list[str] = []
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        ran.append(task.id)
+
+    try:
+        with run_worker(worker):
+            wait_for(lambda: _registered(queue, worker))
+            subscribed = _subscribes(queue.client)
+            queue.schedule("k", None, delay=1.2, task_id="head")  # announced
+            queue.schedule("k", None, delay=1.7, task_id="after")  # later: not announced
+            queue.schedule("k", None, task_id="now")  # announced
+            time.sleep(0.7)
+            queue.schedule("k", None, delay=0.2, task_id="soon")  # announced
+            wait_for(lambda: len(ran) == 4, timeout=10)
+            time.sleep(1.2)
+        assert sorted(ran) == ["after", "head", "now", "soon"]
+        assert _subscribes(queue.client) == subscribed
+    finally:
+        queue.close()

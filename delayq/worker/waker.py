@@ -45,10 +45,19 @@ class Waker:
         # Told (task id, lease token) of each running task aborted (queue.abort).
         self.on_abort: Callable[[str, int], object] | None = None
         self.heard_from = 0  # the source (index in the wake channels) of the last message
+        self._renew = False  # subscribe again on a new connection (see renew)
 
     def poke(self) -> None:
         self.poked = True
         self.event.set()
+
+    def renew(self) -> None:
+        """A look found a due task that no message announced: the subscription may be dead
+        without its connection knowing (say, a NAT or firewall that forgot the idle link), and
+        every later wake-up lost with it. Subscribe again on a new connection (within the 5 s
+        of the current wait for a message), and look at the queue once subscribed, so a dead
+        subscription costs one task's delay (at most max_wait), not every task's."""
+        self._renew = True
 
     def reset(self) -> tuple[bool, set[int]]:
         """Called just before a claim: what was announced so far, the claim will see.
@@ -65,12 +74,16 @@ class Waker:
             pubsub = self.client.pubsub()
             try:
                 await pubsub.subscribe(*(c.decode() for c in self.wake_channels), *self.extra)
+                self._renew = False  # a fresh subscription: nothing to renew
                 self.poke()  # anything published while we were away: look now
                 for hook in self.on_subscribed:
                     hook()
                 delay = 0.1
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if self._renew:
+                        self._renew = False
+                        break  # the finally below closes this connection; the loop subscribes
                     if msg is None or msg.get("type") != "message":
                         continue
                     channel = msg["channel"]

@@ -70,6 +70,9 @@ MAX_CONCURRENCY = 10_000
 # sooner than this: a throttled worker takes a few tokens a claim, not one (at 100/s, 20
 # claims a second of 5 tasks, rather than 100 of one).
 THROTTLE_STEP_S = 0.05
+# A look is unprompted when nothing is known due at a source sooner than this past the
+# lookahead; tasks it claims were then announced to nobody (Worker._announced_to_nobody).
+UNPROMPTED_S = 0.1
 
 
 def _checked_concurrency(concurrency: int) -> int:
@@ -110,9 +113,11 @@ class Worker:
             anyway, in case a wake-up was lost without its connection dropping (a dropped
             one is noticed, and the queue looked at, at once). It is the bound on how late a
             silently lost wake-up can make a task: at most ``max_wait`` (plus the look's
-            round trip). Each look executes four commands on the server (the claim script,
-            ``TIME`` and the two heads), five when it carries the worker's registration, so an
-            idle worker costs about ``5 / max_wait`` commands a second. It also sets how
+            round trip); a look that finds such a task subscribes again, in case the
+            subscription died without its connection knowing. Each look executes four
+            commands on the server (the claim script, ``TIME`` and the two heads), five when
+            it carries the worker's registration, so an idle worker costs about
+            ``5 / max_wait`` commands a second. It also sets how
             often a worker held back by a rate limit looks at the limit again, and how often
             each shard of a sharded queue is looked at while nothing is known to be due there.
         client: an existing ``redis.asyncio`` client (made with ``decode_responses=False``)
@@ -680,15 +685,19 @@ class Worker:
         resting_until = [0.0] * len(sources)
         # Which source goes first: rotates, so no shard's or queue's backlog starves another.
         turn = 0
+        was_full = False  # the announcements heard while full were set aside unread
         while not stopping.is_set():
             free = self.runs.room()
             if free <= 0:
                 # Full: announcements do not matter until a handler finishes and pokes. Any
                 # poke so far is answered: we looked, and we are full (and not stopping).
                 self.waker.reset()
+                was_full = True
                 await self.waker.sleep_until(loop.time() + self.max_wait_s)
                 continue
             poked, woken = self.waker.reset()
+            unprompted = not (poked or was_full or self._throttled_until)
+            was_full = False
             if poked and len(sources) == 1:
                 resting_until[0] = 0.0  # e.g. the wake-up link is back: so may the server be
             now = loop.time()
@@ -716,6 +725,8 @@ class Worker:
             for i in visit:
                 seen_at[i] = loop.time()
                 limit = min(share, free)
+                # A look that nothing prompted (see _announced_to_nobody).
+                lone = unprompted and i not in woken and next_at[i] > soon + UNPROMPTED_S
                 try:
                     next_at[i], got = await self._claim_from(
                         i, sources[i], limit, lease_ms, batches
@@ -728,6 +739,8 @@ class Worker:
                     backoff[i] = min(backoff[i] * 2, 5.0)
                     continue
                 backoff[i] = 0.1
+                if lone and got and not self.runs.caps_of[sources[i].lane]:
+                    self._announced_to_nobody(sources[i], got)
                 batches.append((sources[i].lane, got))
                 free -= len(got)
                 full = full or len(got) >= limit  # a full batch: more may be due right now
@@ -749,6 +762,21 @@ class Worker:
                 [loop.time() + self.max_wait_s, *(t - self.lookahead_s for t in next_at)]
             )
             await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
+
+    def _announced_to_nobody(self, source: Source, got: list[Claimed]) -> None:
+        """A look nothing prompted (no poke, no message on the source's channel, nothing known
+        due within UNPROMPTED_S, no rate limit holding it back) claimed tasks: they fell due
+        unannounced, so the wake-up subscription may be dead without knowing it. Renew it
+        (Waker.renew). Per-kind caps are left out: a claim cut short by them leaves tasks
+        unseen that a later look finds without anyone having announced them."""
+        log.info(
+            "claimed %d task(s)%s that no wake-up announced (first: %r); renewing the "
+            "wake-up subscription",
+            len(got),
+            self._where(source),
+            got[0].id,
+        )
+        self.waker.renew()
 
     def _where(self, source: Source) -> str:
         """Which source a log line is about ("" for the only one)."""
