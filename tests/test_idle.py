@@ -124,6 +124,21 @@ def _write_unannounced(queue: Queue, task_id: str) -> None:
     queue.client.zadd(k_.scheduled, {task_id: 0})
 
 
+def _recording_worker(
+    srv: EmbeddedServer, name: str, max_wait: float
+) -> tuple[Queue, Worker, list[str]]:
+    """A queue on ``srv`` and a worker whose handler of kind "k" records the ids it runs."""
+    queue = Queue(name, url=srv.url)
+    worker = Worker(queue, max_wait=max_wait)
+    ran: list[str] = []
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        ran.append(task.id)
+
+    return queue, worker, ran
+
+
 @pytest.mark.parametrize("binary", [b for _, b in FLAVOURS], ids=[n for n, _ in FLAVOURS])
 def test_a_look_that_finds_an_unannounced_task_renews_the_subscription(
     make_server: Any, run_worker: Any, binary: str
@@ -131,15 +146,7 @@ def test_a_look_that_finds_an_unannounced_task_renews_the_subscription(
     """A dead subscription whose connection does not know it would lose every wake-up: the
     look that finds a task nobody announced subscribes again (one SUBSCRIBE), so it costs
     that one task's delay. The renewed subscription hears the next task at once."""
-    srv: EmbeddedServer = make_server(binary, appendonly=False)
-    queue = Queue("renew", url=srv.url)
-    worker = Worker(queue, max_wait=1)
-    ran: list[str] = []
-
-    @worker.handler("k")
-    async def k(task: Task) -> None:
-        ran.append(task.id)
-
+    queue, worker, ran = _recording_worker(make_server(binary, appendonly=False), "renew", 1)
     try:
         with run_worker(worker):
             wait_for(lambda: _registered(queue, worker))
@@ -164,15 +171,7 @@ def test_announced_tasks_never_renew_the_subscription(
 ) -> None:
     """Tasks announced, or due after a head the worker knows of (not announced, but told by
     the claim's reply), across many 0.5 s looks: never a second SUBSCRIBE."""
-    srv: EmbeddedServer = make_server(binary, appendonly=False)
-    queue = Queue("quiet", url=srv.url)
-    worker = Worker(queue, max_wait=0.5)
-    ran: list[str] = []
-
-    @worker.handler("k")
-    async def k(task: Task) -> None:
-        ran.append(task.id)
-
+    queue, worker, ran = _recording_worker(make_server(binary, appendonly=False), "quiet", 0.5)
     try:
         with run_worker(worker):
             wait_for(lambda: _registered(queue, worker))
