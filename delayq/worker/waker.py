@@ -81,20 +81,11 @@ class Waker:
                 delay = 0.1
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if msg is not None and msg.get("type") == "message":
+                        self._heard(msg)  # (received: acted on even if renewing below)
                     if self._renew:
                         self._renew = False
                         break  # the finally below closes this connection; the loop subscribes
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    channel = msg["channel"]
-                    shard = self.wake_channels.get(channel)
-                    if shard is not None:
-                        self.woken.add(shard)
-                        self.heard_from = shard  # whose abort message, if it is one
-                        self._note(msg["data"])
-                    else:
-                        name = channel.decode() if isinstance(channel, bytes) else channel
-                        self.extra[name](msg["data"])
             except (RedisConnectionError, RedisTimeoutError, OSError) as e:
                 log.warning("wake-up subscription lost (%s); reconnecting in %.1f s", e, delay)
                 await asyncio.sleep(delay)
@@ -118,6 +109,17 @@ class Waker:
                     await asyncio.sleep(5.0)
             finally:
                 await pubsub.aclose()
+
+    def _heard(self, msg: dict[str, Any]) -> None:
+        channel = msg["channel"]
+        shard = self.wake_channels.get(channel)
+        if shard is not None:
+            self.woken.add(shard)
+            self.heard_from = shard  # whose abort message, if it is one
+            self._note(msg["data"])
+        else:
+            name = channel.decode() if isinstance(channel, bytes) else channel
+            self.extra[name](msg["data"])
 
     def _note(self, data: Any) -> None:
         try:
