@@ -620,3 +620,27 @@ def test_worker_warns_when_the_server_may_evict_tasks(
     assert worker.eviction_policy == "allkeys-lru"
     assert any("maxmemory-policy is 'allkeys-lru'" in r.getMessage() for r in caplog.records)
     q.close()
+
+
+async def test_a_serve_cancelled_during_start_up_closes_its_timerfd(aqueue: Any) -> None:
+    """serve() makes its alarm (a timerfd the loop watches) before the start-up hooks run: a
+    serve() cancelled while a hook awaits (or failing there) must still close it, and stop
+    the loop watching it, or each such start leaks a file descriptor and a reader."""
+    worker = Worker(aqueue)
+    worker.handler("k")(lambda task: None)
+    entered = asyncio.Event()
+
+    @worker.on_startup
+    async def hang(w: Worker) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    serving = asyncio.create_task(worker.serve())
+    await asyncio.wait_for(entered.wait(), 10)
+    alarm = worker.runs.alarm
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(serving, 30)
+    if alarm is not None:  # (None where there is no timerfd)
+        assert alarm.fd == -1, "the timerfd was left open"
+    assert all(t.done() for c in [worker._ctx] if c is not None for t in c.loops)

@@ -521,26 +521,26 @@ class Worker:
         ctxs = self.contexts(self.runner, self.threads, stopping)
         ctx = ctxs[0]
         self.waker = ctx.waker
-        self._build(ctxs)
+        self._build(ctxs)  # (its alarm, a timerfd, is closed below)
         self._ctx = ctx
-        if install_signals:
-            self._install_signals(loop)
-        self._start_loops(ctxs)
-        await self._run_startup(ctxs)
-        lease_ms = round(self.lease_s * 1000)
-        claim_loop = self.supervisor.start(
-            "claim", functools.partial(self._claim_loop, stopping, lease_ms)
-        )
-        if self._stop_requested.is_set():
-            self._begin_stop()
-        for q, registry in zip(self.queues, self.registries, strict=True):
-            log.info(
-                "worker on queue %r: kinds %s, concurrency %d",
-                q.name,
-                registry.kinds(),
-                self.concurrency,
-            )
         try:
+            if install_signals:
+                self._install_signals(loop)
+            self._start_loops(ctxs)
+            await self._run_startup(ctxs)
+            lease_ms = round(self.lease_s * 1000)
+            claim_loop = self.supervisor.start(
+                "claim", functools.partial(self._claim_loop, stopping, lease_ms)
+            )
+            if self._stop_requested.is_set():
+                self._begin_stop()
+            for q, registry in zip(self.queues, self.registries, strict=True):
+                log.info(
+                    "worker on queue %r: kinds %s, concurrency %d",
+                    q.name,
+                    registry.kinds(),
+                    self.concurrency,
+                )
             await claim_loop
         finally:
             await self._shutdown()
