@@ -470,7 +470,8 @@ class QueueCore:
 
     def _prefix(self, kind: str, max_attempts: int) -> bytes:
         """Validated kind -> cached header prefix (most queues have a handful of kinds)."""
-        prefix = self._prefixes.get((kind, max_attempts))
+        # Looked up only for an int: True == 1 and 1.0 == 1 hash alike, and must be refused.
+        prefix = self._prefixes.get((kind, max_attempts)) if type(max_attempts) is int else None
         if prefix is None:
             validate_kind(kind)
             validate_max_attempts(max_attempts)
@@ -496,9 +497,10 @@ class QueueCore:
         encode, limit, prefixes = self.codec.encode, self.max_payload, self._prefixes
         rest: list[Arg] = []
         for spec, tid in zip(specs, ids, strict=True):
-            prefix = prefixes.get((spec.kind, spec.max_attempts)) or self._prefix(
-                spec.kind, spec.max_attempts
-            )
+            attempts = spec.max_attempts
+            prefix = (
+                type(attempts) is int and prefixes.get((spec.kind, attempts))
+            ) or self._prefix(spec.kind, attempts)
             data = encode(spec.payload)
             if len(data) > limit:  # (encode_payload's check, and its error)
                 encode_payload(self.codec, spec.payload, limit)

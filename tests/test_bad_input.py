@@ -239,3 +239,18 @@ async def test_async_clients_pack_commands_with_hiredis_and_keep_redis_py_errors
     finally:
         await client.delete(qname)
         await client.aclose()
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, 0.0])
+def test_a_bad_max_attempts_is_refused_after_a_good_one_of_the_same_kind(
+    queue: Queue, bad: object
+) -> None:
+    """The record prefix cache is keyed by (kind, max_attempts): True == 1 and 1.0 == 1 (and
+    False == 0) hash alike, so once a good count of that kind was scheduled, the bad one
+    used to hit the cache and be written unchecked, while a fresh queue refuses it."""
+    queue.schedule("k", None, max_attempts=0, delay=60)
+    queue.schedule("k", None, max_attempts=1, delay=60)
+    with pytest.raises(InvalidTaskError, match="max_attempts"):
+        queue.schedule("k", None, max_attempts=bad, delay=60)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTaskError, match="max_attempts"):
+        queue.schedule_many([TaskSpec("k", None, delay=60, max_attempts=bad)])  # type: ignore[arg-type]
