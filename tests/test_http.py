@@ -866,3 +866,18 @@ def test_delayq_api_serves_over_http(server: EmbeddedServer, qname: str, tmp_pat
                 f.close()
     assert f"delayq HTTP API on http://127.0.0.1:{port}" in err
     assert TOKEN not in err
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_an_at_in_9999_whose_offset_passes_the_year_is_the_last_second(
+    client: httpx.AsyncClient, qname: str, batch: bool
+) -> None:
+    """schemas._at: a time of the year 9999 that its offset puts after 9999 in UTC is taken
+    as the last second of 9999 (due, either way). rfc3339 applied the offset in Python's
+    datetime, which overflowed: OverflowError, a 500 instead of the task (or a 422)."""
+    task = {"kind": "k", "at": "9999-12-31T23:59:59-01:00"}
+    if batch:
+        r = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": [task]})
+    else:
+        r = await client.post(f"/v1/queues/{qname}/tasks", json=task)
+    assert r.status_code in (200, 201), r.text

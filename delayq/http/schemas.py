@@ -72,7 +72,10 @@ def rfc3339(text: str) -> datetime:
         hours, minutes = int(offset[1:3]), int(offset[4:6])
         if hours > 23 or minutes > 59:
             raise InvalidTaskError(f"at {text!r} has an offset out of range (+/-23:59 at most)")
-        when -= sign * timedelta(hours=hours, minutes=minutes)
+        try:
+            when -= sign * timedelta(hours=hours, minutes=minutes)
+        except OverflowError:  # past what datetime holds (year 1 or 9999 in UTC): its end
+            when = (datetime.max if sign < 0 else datetime.min).replace(tzinfo=UTC)
     return when.replace(microsecond=micros)
 
 
