@@ -25,6 +25,7 @@ from delayq.core import (
     DEFAULT_DEDUPE_WINDOW,
     MAX_DEAD_PAGE,
     REPLY_BATCH,
+    CheckedSpec,
     Op,
     QueueCore,
     ScheduleOptions,
@@ -111,6 +112,10 @@ def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
                 "in place)"
             )
         spec = new if new.headers is not None else _with_headers(new, {})
+    if isinstance(spec, CheckedSpec):
+        # One a hook returned: its headers were encoded when it was made, and a later hook
+        # may have added to them in place. A plain one is checked and encoded as it is now.
+        spec = _with_headers(spec, spec.headers or {})
     return spec
 
 

@@ -384,3 +384,34 @@ def test_the_dashboards_task_page_shows_headers_as_text(
     assert "<h3>Headers</h3>" in page.text
     assert "<dt>x-evil</dt><dd>&lt;b&gt;bold&lt;/b&gt;</dd>" in page.text
     assert "<b>bold</b>" not in page.text
+
+
+def test_headers_a_later_hook_adds_to_a_checked_spec_an_earlier_one_returned_are_written(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """A before_schedule hook may return a CheckedSpec (anything that checks tasks may make
+    one); the next hook adds its headers in place, as hooks do. A CheckedSpec's record is
+    written from the headers it encoded when it was made, so the later header was dropped
+    silently."""
+    from delayq import CheckedSpec
+
+    def checking(spec: TaskSpec) -> TaskSpec:
+        return CheckedSpec(
+            spec.kind,
+            spec.payload,
+            spec.delay,
+            spec.at,
+            spec.task_id,
+            spec.max_attempts,
+            spec.headers,
+        )
+
+    def tracing(spec: TaskSpec) -> None:
+        assert spec.headers is not None
+        spec.headers["trace"] = "t-1"
+
+    with Queue(qname, url=server.url, before_schedule=[checking, tracing]) as queue:
+        queue.schedule("k", None, delay=60, task_id="h1", headers={"tenant": "a"})
+        info = queue.get("h1")
+        assert info is not None
+        assert info.headers == {"tenant": "a", "trace": "t-1"}
