@@ -202,7 +202,8 @@ class CheckedSpec(TaskSpec):
     It is still a TaskSpec (``dataclasses.replace`` of one checks the result again); a
     ``before_schedule`` hook is given a plain TaskSpec, and what it returns is checked.
     ``due`` and ``header_field`` are the script's due argument and the record's headers
-    field, made by the check."""
+    field, made by the check. It keeps a copy of the headers dict it is given, so later
+    changes to the caller's dict do not reach it (nor, unwritten, the record)."""
 
     due: str
     header_field: bytes
@@ -217,6 +218,8 @@ class CheckedSpec(TaskSpec):
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if type(headers) is dict:  # its own copy: what is written is what it holds
+            headers = dict(headers)
         super().__init__(kind, payload, delay, at, task_id, max_attempts, headers)
         # The order of encode_tasks' checks, so a task wrong twice is refused for the same
         # reason either way.
@@ -264,6 +267,8 @@ class CheckedSpec(TaskSpec):
                     checked[key] = due
             else:
                 head = b"" if headers is None else encode_headers(headers)
+            if type(headers) is dict:
+                headers = dict(headers)
             spec = cls.__new__(cls)
             TaskSpec.__init__(spec, kind, payload, delay, at, task_id, max_attempts, headers)
             spec.__dict__["header_field"], spec.__dict__["due"] = head, due

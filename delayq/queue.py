@@ -92,15 +92,7 @@ def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
     """``spec`` as the hooks leave it. Each is given a spec whose ``headers`` is a dict of
     its own (a copy of the caller's, or a new one), to add to in place; one may instead
     return a new spec (None keeps the one given). The caller's spec and dict never change."""
-    spec = TaskSpec(
-        spec.kind,
-        spec.payload,
-        spec.delay,
-        spec.at,
-        spec.task_id,
-        spec.max_attempts,
-        {} if spec.headers is None else dict(spec.headers),
-    )
+    spec = _with_headers(spec, {} if spec.headers is None else dict(spec.headers))
     for hook in hooks:
         new = hook(spec)
         if new is None:

@@ -176,6 +176,19 @@ def test_checked_specs_schedule_as_task_specs(api: Any) -> None:
     assert api.stats().scheduled == 3
 
 
+def test_a_checked_spec_writes_the_headers_it_was_given(api: Any) -> None:
+    """It encodes its headers when it is made: a later change to the caller's dict is not
+    written, and its own headers say what is."""
+    headers = {"t": "x"}
+    spec = CheckedSpec("k", None, headers=headers)
+    headers["late"] = "y"
+    (one,) = api.schedule_many([spec])
+    assert api.get(one).headers == spec.headers == {"t": "x"}
+    (two,) = api.schedule_many(CheckedSpec.many([("k", None, None, None, None, 0, headers)]))
+    headers["later"] = "z"
+    assert api.get(two).headers == {"t": "x", "late": "y"}
+
+
 def test_a_hook_sees_a_checked_spec_as_a_task_spec_and_its_result_is_checked(
     server: EmbeddedServer, qname: str
 ) -> None:

@@ -396,15 +396,7 @@ def test_headers_a_later_hook_adds_to_a_checked_spec_an_earlier_one_returned_are
     from delayq import CheckedSpec
 
     def checking(spec: TaskSpec) -> TaskSpec:
-        return CheckedSpec(
-            spec.kind,
-            spec.payload,
-            spec.delay,
-            spec.at,
-            spec.task_id,
-            spec.max_attempts,
-            spec.headers,
-        )
+        return CheckedSpec(**vars(spec))  # TaskSpec keeps exactly its fields in __dict__
 
     def tracing(spec: TaskSpec) -> None:
         assert spec.headers is not None
