@@ -10,6 +10,8 @@ same run with one thing changed:
 - ``lookahead 0``: no tasks claimed ahead onto local timers (each starts after its claim);
 - ``coarse timers``: no timerfd wake-ups (delayq/worker/alarm.py): run timers fire at the
   event loop's millisecond, as they did before it;
+- ``no spin``: the timerfd goes off at a run's time, not ``alarm.SPIN_S`` ahead of it with
+  the rest waited out on the CPU (the machine's wake-up latency is then in every start);
 - ``uvloop``: the worker serves on uvloop's event loop (its clock is cached to the
   millisecond, so the alarm is off there).
 
@@ -49,6 +51,7 @@ P99_BAR_MS = 0.5
 VARIANTS: dict[str, list[str]] = {
     "baseline": [],
     "coarse timers": ["--coarse-timers"],
+    "no spin": ["--no-spin"],
     "no-file": ["--no-append"],
     "lookahead 0": ["--lookahead", "0"],
     "uvloop": ["--uvloop"],
@@ -101,6 +104,7 @@ def _print(rep: Report, version: str, variant: str, runs: list[dict[str, Any]]) 
         f"{version:12s} {variant:12s} p50 {med('p50_ms'):.2f}  p90 {med('p90_ms'):.2f}  "
         f"p99 {med('p99_ms'):.2f} ({each})  max {med('max_ms'):.2f} ms; clock bound "
         f"behind by {med('clock_error_ms'):.3f} ms; waited for a CPU {med('run_delay_ms'):.0f} ms; "
+        f"spun {med('alarm_spun_ms'):.0f} ms; "
         f"early {sum(r['early'] for r in runs)}; "
         f"missing {sum(r['missing'] for r in runs)}, duplicated "
         f"{sum(r['duplicates'] for r in runs)}"
@@ -109,7 +113,15 @@ def _print(rep: Report, version: str, variant: str, runs: list[dict[str, Any]]) 
         f"{version} {variant}",
         {
             k: med(k)
-            for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "clock_error_ms", "run_delay_ms")
+            for k in (
+                "p50_ms",
+                "p90_ms",
+                "p99_ms",
+                "max_ms",
+                "clock_error_ms",
+                "run_delay_ms",
+                "alarm_spun_ms",
+            )
         }
         | {"runs": runs},
     )
@@ -146,6 +158,8 @@ def measure(
         "lines": lines,
         "clock_error_ms": report.get("offset_error_ms", float("nan")),
         "alarm_wakes": report.get("alarm_wakes", -1),
+        "alarm_spins": report.get("alarm_spins", -1),
+        "alarm_spun_ms": report.get("alarm_spun_ms", float("nan")),
         # How long the worker's loop was runnable but waited for a CPU (the machine's noise).
         "run_delay_ms": report.get("loop_run_delay_ms", float("nan")),
     }

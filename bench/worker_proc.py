@@ -46,6 +46,11 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="no timerfd wake-ups: run timers fire at the event loop's millisecond",
     )
+    p.add_argument(
+        "--no-spin",
+        action="store_true",
+        help="the alarm goes off at a run's time, with no wait on the CPU ahead of it",
+    )
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--record", choices=("lateness", "count"), default="lateness")
     p.add_argument("--max-seconds", type=float, default=600)
@@ -149,6 +154,8 @@ async def serve(worker: Worker) -> None:
         CLOCK["offset_error_ms"] = (time.time() - time.monotonic() - worker.clock.offset) * 1000
     alarm = worker.runs.alarm
     CLOCK["alarm_wakes"] = alarm.wakes if alarm is not None else -1
+    CLOCK["alarm_spins"] = alarm.spins if alarm is not None else -1
+    CLOCK["alarm_spun_ms"] = alarm.spun * 1000 if alarm is not None else -1
 
 
 CLOCK: dict[str, float] = {}
@@ -208,6 +215,8 @@ def main() -> None:
 
     if args.coarse_timers:
         delayq.worker.alarm.PRECISE = False
+    if args.no_spin:
+        delayq.worker.alarm.SPIN_S = 0.0
     if args.uvloop:
         import uvloop
 

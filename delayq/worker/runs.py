@@ -224,12 +224,13 @@ class Runs:
             at += self.timer_margin
             run.timer = loop.call_at(at, self._launch, run)
             if self.alarm is not None:
-                self.alarm.at(at)
+                self.alarm.at(at, spin=True)
         else:
             self._launch(run)
 
     def _launch(self, run: Run) -> None:
-        run.timer = None
+        if run.timer is not None:
+            self._drop_timer(run, cancel=False)
         self.running.add(run)
         kind = run.claimed.header.kind
         left = self._alone.get(kind)
@@ -241,6 +242,16 @@ class Runs:
         else:  # one goes through a shared task, the rest alone until it shows which it is
             self._alone[kind] = PROBE_EVERY
             self.batches.start(run)
+
+    def _drop_timer(self, run: Run, *, cancel: bool = True) -> None:
+        """The run's timer has fired (``cancel`` False) or is cancelled: the alarm may wait
+        for the next one."""
+        assert run.timer is not None
+        if cancel:
+            run.timer.cancel()
+        if self.alarm is not None:
+            self.alarm.ran(run.timer.when())
+        run.timer = None
 
     def _stepped(self, run: Run, waited: bool) -> None:
         if waited:
@@ -396,8 +407,7 @@ class Runs:
             else:
                 run.task.lease_lost.set()
         if run.timer is not None:
-            run.timer.cancel()
-            run.timer = None
+            self._drop_timer(run)
         elif run.handle is not None:
             run.handle.cancel()
         self._free_slot(run)  # free now, even if a sync handler runs on in its thread
@@ -414,8 +424,7 @@ class Runs:
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
         for run in [r for by_id in self.by_ids for r in by_id.values()]:
             if run.timer is not None:
-                run.timer.cancel()
-                run.timer = None
+                self._drop_timer(run)
                 self._free_slot(run)
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
 
