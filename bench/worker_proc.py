@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -161,6 +162,29 @@ async def serve(worker: Worker) -> None:
 CLOCK: dict[str, float] = {}
 
 
+class GcPauses:
+    """How long each garbage collection held the process up, by generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self.started))
+
+    def report(self) -> dict[str, Any]:
+        worst = max((p for _, p in self.pauses), default=0.0)
+        return {
+            "gc_collections": [sum(1 for g, _ in self.pauses if g == n) for n in range(3)],
+            "gc_max_ms": worst * 1000,
+            "gc_total_ms": sum(p for _, p in self.pauses) * 1000,
+        }
+
+
 def register(worker: Worker, args: argparse.Namespace, rec: Recorder) -> None:
     """The handler (or the on_expire callback) for the mode asked for."""
     if args.events:
@@ -208,6 +232,7 @@ def main() -> None:
         options["lookahead"] = args.lookahead
     worker = Worker(queue, **options)
     rec = Recorder(keep_lateness=args.record == "lateness")
+    pauses = GcPauses()
 
     register(worker, args, rec)
 
@@ -233,7 +258,7 @@ def main() -> None:
         asyncio.run(serve(worker))
     queue.close()
     with open(args.out, "w") as f:
-        json.dump({**rec.report(), **CLOCK}, f)
+        json.dump({**rec.report(), **CLOCK, **pauses.report()}, f)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -644,3 +646,42 @@ async def test_a_serve_cancelled_during_start_up_closes_its_timerfd(aqueue: Any)
     if alarm is not None:  # (None where there is no timerfd)
         assert alarm.fd == -1, "the timerfd was left open"
     assert all(t.done() for c in [worker._ctx] if c is not None for t in c.loops)
+
+
+_FREEZE_SCRIPT = """
+import asyncio, gc, sys
+from delayq import Queue, Worker
+
+queue = Queue("gcfreeze", url=sys.argv[1])
+worker = Worker(queue, freeze_gc=sys.argv[2] == "1")
+before = gc.get_freeze_count()
+
+async def main():
+    serving = asyncio.create_task(worker.serve())
+    await asyncio.sleep(0.5)
+    print(before, gc.get_freeze_count())
+    worker.stop()
+    await serving
+
+asyncio.run(main())
+queue.close()
+"""
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_serving_worker_freezes_what_start_up_left_for_the_garbage_collector(
+    server: Any, freeze: bool
+) -> None:
+    """A full collection walks every object the process holds and holds the loop meanwhile
+    (13 ms in bench/worker_proc.py): serve() moves what start-up left into the collector's
+    permanent generation, unless told not to."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FREEZE_SCRIPT, server.url, "1" if freeze else "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    before, after = int(out[0]), int(out[1])
+    assert before == 0
+    assert (after > 1000) if freeze else (after == 0), out

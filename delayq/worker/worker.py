@@ -39,6 +39,7 @@ from delayq.timing import config_seconds
 from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock, loop_clock
+from delayq.worker.collector import freeze_once
 from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
@@ -126,6 +127,11 @@ class Worker:
         configure_notifications: with ``on_expire`` callbacks, add the ``E`` and ``x``
             flags to the server's ``notify-keyspace-events`` when they are missing (default);
             ``False`` only checks them (docs/expiring.md).
+        freeze_gc: once start-up is done, collect garbage and move what is left into the
+            garbage collector's permanent generation (``gc.freeze()``, the first time any
+            worker in the process serves), so the collector's full passes no longer walk
+            the modules and the app and hold the loop for milliseconds while tasks fall due
+            (``delayq/worker/collector.py``). ``False`` leaves the collector alone.
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class Worker:
         max_wait: float = 15.0,
         client: Any = None,
         configure_notifications: bool = True,
+        freeze_gc: bool = True,
     ) -> None:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
@@ -149,6 +156,7 @@ class Worker:
         self.lookahead_s = config_seconds(lookahead, "lookahead")
         self.max_wait_s = config_seconds(max_wait, "max_wait")
         self._client_arg = client
+        self.freeze_gc = freeze_gc
         # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
         self.registries = [Registry() for _ in self.queues]
         self.registry = self.registries[0]
@@ -528,6 +536,8 @@ class Worker:
                 self._install_signals(loop)
             self._start_loops(ctxs)
             await self._run_startup(ctxs)
+            if self.freeze_gc:
+                freeze_once()
             lease_ms = round(self.lease_s * 1000)
             claim_loop = self.supervisor.start(
                 "claim", functools.partial(self._claim_loop, stopping, lease_ms)
