@@ -52,6 +52,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="the alarm goes off at a run's time, with no wait on the CPU ahead of it",
     )
+    p.add_argument("--no-freeze-gc", action="store_true", help="Worker(freeze_gc=False)")
     p.add_argument("--lease", type=float, default=30)
     p.add_argument("--record", choices=("lateness", "count"), default="lateness")
     p.add_argument("--max-seconds", type=float, default=600)
@@ -163,9 +164,11 @@ CLOCK: dict[str, float] = {}
 
 
 class GcPauses:
-    """How long each garbage collection held the process up, by generation (gc.callbacks)."""
+    """How long each garbage collection held the process up, by generation (gc.callbacks),
+    from when the first task started (start-up's own are left out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
         self.started = 0.0
         self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
         gc.callbacks.append(self._note)
@@ -173,7 +176,7 @@ class GcPauses:
     def _note(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self.started = time.perf_counter()
-        else:
+        elif self.rec.first_start is not None:
             self.pauses.append((info["generation"], time.perf_counter() - self.started))
 
     def report(self) -> dict[str, Any]:
@@ -225,14 +228,14 @@ def main() -> None:
             filename=args.log, level=logging.WARNING, format="%(created).3f %(message)s"
         )
     queue = Queue(args.queue, url=args.url)
-    options: dict[str, Any] = {"lease": args.lease}
+    options: dict[str, Any] = {"lease": args.lease, "freeze_gc": not args.no_freeze_gc}
     if args.concurrency:
         options["concurrency"] = args.concurrency
     if args.lookahead is not None:
         options["lookahead"] = args.lookahead
     worker = Worker(queue, **options)
     rec = Recorder(keep_lateness=args.record == "lateness")
-    pauses = GcPauses()
+    pauses = GcPauses(rec)
 
     register(worker, args, rec)
 
