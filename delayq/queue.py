@@ -439,10 +439,12 @@ class _Base(Generic[C]):
 
     _runner: Any = None  # made once per client
 
-    def _runner_of(self, make: Callable[[C], R]) -> R:
+    def _runner_of(self, make: Callable[..., R]) -> R:
         runner = self._runner
         if runner is None or runner.client is not self.client:
-            runner = self._runner = make(self.client)
+            # A client of the queue's own keeps a connection for single calls (held.py); one
+            # passed in may be shared, limited or closed by its owner, so it is left alone.
+            runner = self._runner = make(self.client, hold=self._owns_client)
         return runner  # type: ignore[no-any-return]
 
 
@@ -667,6 +669,8 @@ class Queue(_Base[redis.Redis]):
 
     def close(self) -> None:
         if self._owns_client:
+            if self._runner is not None and self._runner.held is not None:
+                self._runner.held.close()
             self.client.close()
 
     def __enter__(self) -> Queue:
@@ -804,6 +808,8 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def close(self) -> None:
         if self._owns_client:
+            if self._runner is not None and self._runner.held is not None:
+                await self._runner.held.close()
             await self.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:
