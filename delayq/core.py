@@ -8,6 +8,7 @@ runners execute, so the logic exists once for both clients.
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import json
 import os
@@ -296,9 +297,13 @@ def new_task_ids(n: int) -> list[str]:
 
 
 def new_task_id() -> str:
-    """One id as :func:`new_task_ids` makes them (a single schedule's)."""
-    raw = base64.urlsafe_b64encode(os.urandom(12)).decode()
+    """One id as :func:`new_task_ids` makes them (a single schedule's): base64's URL-safe
+    alphabet by one C call and a translate (``urlsafe_b64encode`` is two Python calls)."""
+    raw = binascii.b2a_base64(os.urandom(12), newline=False).translate(_URLSAFE).decode()
     return "_" + raw[1:] if raw[0] == "-" else raw
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def task_ids(specs: Sequence[TaskSpec]) -> list[str]:

@@ -71,6 +71,7 @@ class HeldConnection:
 
     def __init__(self, client: redis.Redis) -> None:
         self.pool = client.connection_pool
+        self.health = bool(self.pool.connection_kwargs.get("health_check_interval"))
         self.lock = threading.Lock()
         self.conn: Any = None
         self.pid = os.getpid()
@@ -93,7 +94,9 @@ class HeldConnection:
                     conn = self.conn = _take(self.pool)
                     self.pid = os.getpid()
                 args = _args(op)
-                conn.send_packed_command(pack_command(args) or conn.pack_command(*args))
+                # (the health check is a no-op without an interval: not called then)
+                packed = pack_command(args) or conn.pack_command(*args)
+                conn.send_packed_command(packed, check_health=self.health)
                 return conn.read_response()
             except ResponseError as e:  # read in full: the connection is fine
                 if isinstance(e, NoScriptError):
@@ -137,6 +140,7 @@ class AsyncHeldConnection:
     def __init__(self, client: aredis.Redis) -> None:
         self.pool = client.connection_pool
         self.timeout: float | None = self.pool.connection_kwargs.get("socket_timeout")
+        self.health = bool(self.pool.connection_kwargs.get("health_check_interval"))
         self.busy = False
         self.conn: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -168,7 +172,8 @@ class AsyncHeldConnection:
                     conn.socket_timeout = None  # (see the class's docstring)
                     self.conn = conn
                 args = _args(op)
-                await conn.send_packed_command(pack_command(args) or conn.pack_command(*args))
+                packed = pack_command(args) or conn.pack_command(*args)
+                await conn.send_packed_command(packed, check_health=self.health)
                 return await conn.read_response()
             except ResponseError as e:
                 if isinstance(e, NoScriptError):

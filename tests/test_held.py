@@ -262,3 +262,31 @@ async def test_async_a_cancelled_call_leaves_the_connection_usable(
     admin.client_unpause()
     after = await aqueue.schedule("k", "after")
     assert after.status == "created" and await aqueue.get(after) is not None
+
+
+def _pings(admin: redis.Redis) -> int:
+    return int(admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+
+
+def test_a_health_check_interval_is_kept_on_the_held_connection(
+    server: EmbeddedServer, admin: redis.Redis, qname: str
+) -> None:
+    """redis-py PINGs a connection idle longer than health_check_interval before using it;
+    the held connection does too, and skips the check when no interval is set."""
+    with Queue(qname, url=f"{server.url}?health_check_interval=1") as queue:
+        queue.schedule("k", 0)
+        before = _pings(admin)
+        time.sleep(1.2)
+        assert queue.schedule("k", 1).status == "created"
+        assert _pings(admin) == before + 1
+
+
+async def test_async_a_health_check_interval_is_kept_on_the_held_connection(
+    server: EmbeddedServer, admin: redis.Redis, qname: str
+) -> None:
+    async with AsyncQueue(qname, url=f"{server.url}?health_check_interval=1") as queue:
+        await queue.schedule("k", 0)
+        before = _pings(admin)
+        await asyncio.sleep(1.2)
+        assert (await queue.schedule("k", 1)).status == "created"
+        assert _pings(admin) == before + 1
