@@ -9,11 +9,14 @@
    trips on the same server, alternated three times; bar on the ratio of the means.
 3. One ``schedule()`` per task, the way a web handler calls it, on Valkey 8 and Redis 7.0:
    sync ``Queue.schedule`` and ``await AsyncQueue.schedule`` (p50/p99 per call, calls/s),
-   and where a call's Python-side microseconds go, each step timed alone: validation
-   (``TaskSpec``), encoding (``QueueCore.encode_tasks``), the plan (the script call's keys
-   and args, ``QueueCore.schedule`` less encoding), redis-py packing the EVALSHA; against a
-   bare redis-py ``PING``, ``ZADD`` and the same ``EVALSHA`` sent directly (its args built
-   beforehand), so what is left is the runner's own overhead.
+   (the rows of each flavour measured call by call in turn), and where a call's
+   Python-side microseconds go, each step timed alone: validation
+   (``TaskSpec``), the id, encoding (``QueueCore.encode_tasks``), the plan (the script
+   call, ``QueueCore.schedule_new`` less encoding), packing the EVALSHA (hiredis); against
+   a bare redis-py ``PING``, ``ZADD`` and the same ``EVALSHA`` sent directly (its args
+   built beforehand), through redis-py's ``execute_command`` and on a held connection
+   (``send_packed_command`` and ``read_response``, as the queue sends it), so what is left
+   is the runner's own overhead.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -37,6 +40,8 @@ from common import (
 )
 
 from delayq import AsyncQueue, Queue, TaskSpec
+from delayq.connection import pack_command
+from delayq.core import Op, ScheduleOptions, new_task_id
 from delayq.queue import SCHEDULE_BATCH
 
 NAME = "schedule"
@@ -178,7 +183,7 @@ def sequential(rep: Report, url: str, meter: redis.Redis, n: int) -> None:
         spec = TaskSpec(KIND, PAYLOAD, delay=3600)
         t = time.perf_counter()
         for _ in range(n):
-            q.core.schedule([spec])
+            q.core.schedule_new(spec, new_task_id())
         build_us = 1e6 * (time.perf_counter() - t) / n
     bare.close()
     s, z = median(sched_us), median(zadd_us)
@@ -190,7 +195,7 @@ def sequential(rep: Report, url: str, meter: redis.Redis, n: int) -> None:
         f"  bare ZADD:      {z:6.1f} us/call (rounds: {', '.join(f'{x:.1f}' for x in zadd_us)})"
     )
     rep.line(
-        f"  inside schedule: client-side build {build_us:.1f} us (QueueCore.schedule alone), "
+        f"  inside schedule: client-side build {build_us:.1f} us (QueueCore.schedule_new alone), "
         f"server {median(srv_sched):.1f} us (EVALSHA usec_per_call) vs ZADD server "
         f"{median(srv_zadd):.1f} us"
     )
@@ -223,12 +228,28 @@ def _per_call(fn: Callable[[int], Any], n: int) -> list[float]:
     return out
 
 
-async def _aper_call(fn: Callable[[int], Any], n: int) -> list[float]:
-    out = []
+def _interleaved(fns: dict[str, Callable[[int], Any]], n: int) -> dict[str, list[float]]:
+    """Microseconds of each of n calls of each function, one call of each in turn: on a
+    machine whose round trips change speed from one second to the next (a 2-core VM puts
+    the server on the client's core or the other one), every row sees the same mix."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(n):
-        t = time.perf_counter()
-        await fn(i)
-        out.append(1e6 * (time.perf_counter() - t))
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn(i)
+            out[name].append(1e6 * (time.perf_counter() - t))
+    return out
+
+
+async def _ainterleaved(
+    fns: dict[str, Callable[[int], Awaitable[Any]]], n: int
+) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(n):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            await fn(i)
+            out[name].append(1e6 * (time.perf_counter() - t))
     return out
 
 
@@ -256,17 +277,34 @@ def single(rep: Report, flavour: str, url: str, version: str, n: int) -> None:
     with Queue(f"one-{secrets.token_hex(3)}", url=url) as q:
         for _ in range(200):
             q.schedule(KIND, PAYLOAD, delay=3600)
-        rows["Queue.schedule (sync)"] = _dist(
-            _per_call(lambda i: q.schedule(KIND, PAYLOAD, delay=3600), n)
-        )
-        # The same script call sent directly: its keys and args built beforehand.
-        ops = [q.core.schedule([TaskSpec(KIND, PAYLOAD, delay=3600)]) for _ in range(n)]
+        # The same script call (schedule_new.lua: a task given no id) sent directly, its
+        # keys and args built beforehand: through redis-py's execute_command, and as the
+        # queue sends it, packed by hiredis on a connection kept out of the pool.
+        spec = TaskSpec(KIND, PAYLOAD, delay=3600)
+        ops = [q.core.schedule_new(spec, new_task_id()) for _ in range(2 * n)]
         sha = ops[0].script.sha
-        rows["bare EVALSHA, same script and args"] = _dist(
-            _per_call(lambda i: bare.evalsha(sha, len(ops[i].keys), *ops[i].keys, *ops[i].args), n)
-        )
-        rows["bare ZADD"] = _dist(_per_call(lambda i: bare.zadd(zkey, {f"m{i}": i}), n))
-        rows["bare PING"] = _dist(_per_call(lambda i: bare.ping(), n))
+        conn = bare.connection_pool.get_connection()
+
+        def held(i: int) -> None:
+            conn.send_packed_command(pack_command(_evalsha(ops[n + i])))
+            conn.read_response()
+
+        try:
+            calls = _interleaved(
+                {
+                    "Queue.schedule (sync)": lambda i: q.schedule(KIND, PAYLOAD, delay=3600),
+                    "bare EVALSHA, same script and args": lambda i: bare.evalsha(
+                        sha, len(ops[i].keys), *ops[i].keys, *ops[i].args
+                    ),
+                    "the same on a held connection": held,
+                    "bare ZADD": lambda i: bare.zadd(zkey, {f"m{i}": i}),
+                    "bare PING": lambda i: bare.ping(),
+                },
+                n,
+            )
+        finally:
+            bare.connection_pool.release(conn)
+        rows = {name: _dist(us) for name, us in calls.items()}
         steps = _steps(q, bare, n)
     rows.update(asyncio.run(_async_rows(url, n)))
     bare.close()
@@ -276,22 +314,29 @@ def single(rep: Report, flavour: str, url: str, version: str, n: int) -> None:
             f"  {name:40s} {d['mean_us']:7.1f} {d['p50_us']:7.1f} {d['p99_us']:7.1f}     "
             f"{d['calls_per_s']:8,.0f}"
         )
-    sync = rows["Queue.schedule (sync)"]["mean_us"]
-    direct = rows["bare EVALSHA, same script and args"]["mean_us"]
-    python_side = steps["validate_us"] + steps["encode_us"] + steps["plan_us"]
+    # Medians: a mean of calls on this machine is moved by a few stalls of a millisecond.
+    sync = rows["Queue.schedule (sync)"]["p50_us"]
+    direct = rows["the same on a held connection"]["p50_us"]
+    python_side = sum(steps[k] for k in ("validate_us", "id_us", "encode_us", "plan_us", "pack_us"))
     rep.line("  Python-side steps of one sync call, each timed alone (mean us):")
     for label, key in (
-        ("validation: TaskSpec(kind, payload, delay=...)", "validate_us"),
-        ("encoding: QueueCore.encode_tasks (id, header, payload)", "encode_us"),
-        ("plan: the script call's keys and args (QueueCore.schedule less encoding)", "plan_us"),
-        ("client packing: redis-py pack_commands of the EVALSHA", "pack_us"),
+        ("validation: TaskSpec(kind, payload, delay=...) and the options", "validate_us"),
+        ("id: new_task_id()", "id_us"),
+        ("encoding: QueueCore.encode_tasks (checks, header, payload)", "encode_us"),
+        ("plan: the script call (QueueCore.schedule_new less encoding)", "plan_us"),
+        ("client packing: hiredis, the EVALSHA as the held connection sends it", "pack_us"),
     ):
         rep.line(f"    {label:76s} {steps[key]:6.2f}")
+    label = "all of the above"
+    rep.line(f"    {label:76s} {python_side:6.2f}")
     rest = sync - python_side - direct
-    label = "rest: the runner, plan and reply parsing (sync call - steps - bare EVALSHA)"
+    label = "rest: runner, reply parsing (sync p50 - steps - held connection's p50)"
     rep.line(f"    {label:76s} {rest:6.2f}")
+    over = rows["bare EVALSHA, same script and args"]["p50_us"] - direct
+    label = "redis-py's execute_command over a held connection (the two p50s)"
+    rep.line(f"    {label:76s} {over:6.2f}")
     server = steps["server_us"]
-    label = "server time per schedule.lua call (INFO commandstats; in bare EVALSHA)"
+    label = "server time per schedule_new.lua call (INFO commandstats; in bare EVALSHA)"
     rep.line(f"    {label:76s} {server:6.2f}  (ZADD: {steps['server_zadd_us']:.2f})")
     rep.figure(
         f"single_{flavour}",
@@ -299,23 +344,24 @@ def single(rep: Report, flavour: str, url: str, version: str, n: int) -> None:
     )
 
 
+def _evalsha(op: Op[Any]) -> tuple[Any, ...]:
+    return ("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+
+
 def _steps(q: Queue, bare: redis.Redis, n: int) -> dict[str, float]:
     spec = TaskSpec(KIND, PAYLOAD, delay=3600)
+    options: ScheduleOptions = {"delay": 3600}
 
     def validate(i: int) -> None:
-        TaskSpec(KIND, PAYLOAD, delay=3600)
+        TaskSpec(KIND, PAYLOAD, options.get("delay"), options.get("at"), options.get("task_id"))
 
     validate_us = _mean(_per_call(validate, n))
-    with_id = TaskSpec(KIND, PAYLOAD, delay=3600, task_id=f"t-{secrets.token_hex(8)}")
-    encode_us = _mean(_per_call(lambda i: q.core.encode_tasks([with_id]), n))
-    build_us = _mean(_per_call(lambda i: q.core.schedule([spec]), n))
-    op = q.core.schedule([spec])
-    conn = bare.connection_pool.get_connection()
-    try:
-        cmd = [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)]
-        pack_us = _mean(_per_call(lambda i: conn.pack_commands(cmd), n))
-    finally:
-        bare.connection_pool.release(conn)
+    id_us = _mean(_per_call(lambda i: new_task_id(), n))
+    tid = new_task_id()
+    encode_us = _mean(_per_call(lambda i: q.core.encode_tasks((spec,), (tid,)), n))
+    build_us = _mean(_per_call(lambda i: q.core.schedule_new(spec, tid), n))
+    op = q.core.schedule_new(spec, tid)
+    pack_us = _mean(_per_call(lambda i: pack_command(_evalsha(op)), n))
     c0, u0 = _cmdstat(bare, "evalsha")
     z0, zu0 = _cmdstat(bare, "zadd")
     for _ in range(n):
@@ -326,6 +372,7 @@ def _steps(q: Queue, bare: redis.Redis, n: int) -> dict[str, float]:
     z1, zu1 = _cmdstat(bare, "zadd")
     return {
         "validate_us": validate_us,
+        "id_us": id_us,
         "encode_us": encode_us,
         "plan_us": max(0.0, build_us - encode_us),
         "pack_us": pack_us,
@@ -343,13 +390,15 @@ async def _async_rows(url: str, n: int) -> dict[str, dict[str, float]]:
     try:
         for _ in range(200):
             await q.schedule(KIND, PAYLOAD, delay=3600)
-        rows["await AsyncQueue.schedule"] = _dist(
-            await _aper_call(lambda i: q.schedule(KIND, PAYLOAD, delay=3600), n)
+        calls = await _ainterleaved(
+            {
+                "await AsyncQueue.schedule": lambda i: q.schedule(KIND, PAYLOAD, delay=3600),
+                "await bare ZADD (redis.asyncio)": lambda i: bare.zadd("bench:azadd", {f"m{i}": i}),
+                "await bare PING (redis.asyncio)": lambda i: bare.ping(),
+            },
+            n,
         )
-        rows["await bare ZADD (redis.asyncio)"] = _dist(
-            await _aper_call(lambda i: bare.zadd("bench:azadd", {f"m{i}": i}), n)
-        )
-        rows["await bare PING (redis.asyncio)"] = _dist(await _aper_call(lambda i: bare.ping(), n))
+        rows = {name: _dist(us) for name, us in calls.items()}
     finally:
         await q.close()
         await bare.aclose()

@@ -149,7 +149,8 @@ CG_N = 5_000
 
 
 def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
-    """Server instructions per task of one phase (schedule_many, claim, ack) under callgrind."""
+    """Server instructions per task of one phase (schedule_many, claim, ack, or single:
+    one schedule() call per task) under callgrind."""
     import os
     import socket
     import subprocess
@@ -197,6 +198,13 @@ def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
             for i in range(0, len(held), BATCH):
                 run.run(leasing.ack(q.core, held[i : i + BATCH]))
             instr("off")
+            if phase == "single":  # n schedule() calls, one task each
+                singles = specs(n)
+                q.schedule("warm", {}, delay=3600)  # its script loaded before
+                instr("on")
+                for s in singles:
+                    q.schedule(s.kind, s.payload, delay=s.delay)
+                instr("off")
     finally:
         stop_pid(proc, timeout=120)  # callgrind writes its file as the server exits
     with open(out) as f:

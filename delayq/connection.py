@@ -116,6 +116,17 @@ def hiredis_packing(cls: type[Any]) -> type[Any]:
     return type(cls.__name__, (cls,), {"pack_command": _pack_command, "_delayq_hiredis": True})
 
 
+def pack_command(args: tuple[Any, ...]) -> list[bytes] | None:
+    """A command packed by hiredis, as ``send_packed_command`` takes it; None without
+    hiredis, or for an argument hiredis does not take (then the connection's own packer)."""
+    if _hiredis_pack is None:
+        return None
+    try:
+        return [_hiredis_pack(args)]
+    except TypeError:
+        return None
+
+
 def _pack_command(self: Any, *args: Any) -> list[bytes]:
     # As redis-py's own HiredisRespSerializer: a command name may carry words ("SCRIPT LOAD").
     assert _hiredis_pack is not None

@@ -8,6 +8,8 @@ runners execute, so the logic exists once for both clients.
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import json
 import os
 import re
@@ -59,6 +61,11 @@ ABORT_TRIM = 100
 # once at import against the names the decoders below unpack.
 ROWS = ("id", "score", "record", "error", "attempt")  # a task as the views read it
 SCRIPTS["schedule"].reply.require_row("status")  # one code per task: Scheduled.from_replies
+_NEW = SCRIPTS["schedule_new"]  # its call is laid out by hand (QueueCore.schedule_new):
+if _NEW.arg_names != ("now", "channel", "id", "due", "record") or _NEW.variadic:
+    raise ValueError(f"schedule_new.lua takes ARGV {_NEW.arg_names}; core.py sends others")
+if _NEW.reply.scalars != ("status",) or _NEW.reply.array:
+    raise ValueError(f"schedule_new.lua replies {_NEW.reply.text!r}; core.py reads a status")
 _GET = SCRIPTS["get"].reply
 _GET.require_head("state", "score", "record", "error", "attempt")
 _STATS = SCRIPTS["stats"].reply
@@ -290,9 +297,13 @@ def new_task_ids(n: int) -> list[str]:
 
 
 def new_task_id() -> str:
-    """One id as :func:`new_task_ids` makes them (a single schedule's)."""
-    raw = base64.urlsafe_b64encode(os.urandom(12)).decode()
+    """One id as :func:`new_task_ids` makes them (a single schedule's): base64's URL-safe
+    alphabet by one C call and a translate (``urlsafe_b64encode`` is two Python calls)."""
+    raw = binascii.b2a_base64(os.urandom(12), newline=False).translate(_URLSAFE).decode()
     return "_" + raw[1:] if raw[0] == "-" else raw
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def task_ids(specs: Sequence[TaskSpec]) -> list[str]:
@@ -432,6 +443,7 @@ class QueueCore:
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
+        self._new_keys: list[str] | None = None
         self.clock = clock
 
     def now_arg(self, now_ms: int | None = None) -> str | int:
@@ -560,6 +572,21 @@ class QueueCore:
             if now == "":
                 self._schedule_heads[(replace, durable)] = head
         return Op(head.script, list(head.keys), head.args + rest, parse)
+
+    def schedule_new(
+        self, spec: TaskSpec, task_id: str, *, now_ms: int | None = None
+    ) -> Op[Scheduled]:
+        """One task whose id ``task_id`` was just made (:func:`new_task_id`), checked and
+        encoded by :meth:`encode_tasks`: ``schedule_new.lua``, what ``schedule.lua`` does
+        for a task new to the queue. Parses to its :class:`Scheduled`."""
+        _, (_, due, record) = self.encode_tasks((spec,), (task_id,))
+        now = self.now_arg(now_ms)
+        keys = self._new_keys
+        if keys is None:
+            keys = self._new_keys = self.keys.names(_NEW.key_names)
+        # (in _NEW.arg_names's order, checked at import)
+        args: list[Arg] = [now, self.keys.wake_channel, task_id, due, record]
+        return Op(_NEW, list(keys), args, functools.partial(Scheduled.of_code, task_id))
 
     def cancel(self, task_id: str) -> Op[bool]:
         return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import Any, Generic, Literal, TypeVar, Unpack
+from typing import Any, Generic, Literal, TypeVar, Unpack, cast
 
 import redis
 import redis.asyncio as aredis
@@ -31,6 +31,7 @@ from delayq.core import (
     ScheduleOptions,
     TaskSpec,
     check_page,
+    new_task_id,
     task_ids,
     validate_task_id,
 )
@@ -68,14 +69,14 @@ def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
     if not _OPTIONS.issuperset(options):
         unknown = options.keys() - _OPTIONS
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
-    return TaskSpec(
+    return TaskSpec(  # (by position: keywords cost more, once per call)
         kind,
         payload,
-        delay=options.get("delay"),
-        at=options.get("at"),
-        task_id=options.get("task_id"),
-        max_attempts=options.get("max_attempts", 0),
-        headers=options.get("headers"),
+        options.get("delay"),
+        options.get("at"),
+        options.get("task_id"),
+        options.get("max_attempts", 0),
+        options.get("headers"),
     )
 
 
@@ -109,6 +110,12 @@ def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
         # may have added to them in place. A plain one is checked and encoded as it is now.
         spec = _with_headers(spec, spec.headers or {})
     return spec
+
+
+def _first(op: Op[list[str]]) -> Op[Scheduled]:
+    """A schedule_many call of one task, parsed to its one Scheduled."""
+    parse = op.parse
+    return Op(op.script, op.keys, op.args, lambda reply: cast(Scheduled, parse(reply)[0]))
 
 
 def _with_headers(spec: TaskSpec, headers: dict[str, str]) -> TaskSpec:
@@ -231,10 +238,12 @@ class _Base(Generic[C]):
         """(ids in the order given, script calls per shard). Everything is validated and
         encoded first: a bad task refuses the whole call unwritten. The before_schedule
         hooks, the process-wide ones (delayq.hooks) first, see each spec before that."""
-        specs = [_as_spec(t) for t in tasks]
-        if hooks.before_schedule or self.before_schedule:  # (nothing more when none)
-            chain = [*hooks.before_schedule, *self.before_schedule]
-            specs = [_run_hooks(chain, s) for s in specs]
+        return self._ops_of(self._hooked([_as_spec(t) for t in tasks]), replace, durable)
+
+    def _ops_of(
+        self, specs: list[TaskSpec], replace: bool, durable: bool
+    ) -> tuple[list[str], list[Op[list[str]]]]:
+        """:meth:`_schedule_ops` of specs the hooks have seen."""
         ids = task_ids(specs)  # each id checked once (a new one: not at all)
         if self.shards.n == 1:
             core = self.core
@@ -254,6 +263,31 @@ class _Base(Generic[C]):
                 part, part_ids = [s for s, _ in chunk], [i for _, i in chunk]
                 ops.append(core.schedule(part, ids=part_ids, replace=replace, durable=durable))
         return ids, ops
+
+    def _hooked(self, specs: list[TaskSpec]) -> list[TaskSpec]:
+        """The specs as the before_schedule hooks leave them, the process-wide ones
+        (delayq.hooks) first."""
+        if hooks.before_schedule or self.before_schedule:  # (nothing more when none)
+            chain = [*hooks.before_schedule, *self.before_schedule]
+            return [_run_hooks(chain, s) for s in specs]
+        return specs
+
+    def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[Scheduled]:
+        """The script call of one ``schedule``, validated and encoded. A task given no id,
+        and neither ``replace`` nor ``durable``, is new to the queue: ``schedule_new.lua``
+        (what ``schedule.lua`` does for a new task, in fewer commands) on its id's shard.
+        Any other is a ``schedule_many`` of one task."""
+        spec = _spec(kind, payload, options)
+        replace, durable = options.get("replace", False), options.get("durable", False)
+        if hooks.before_schedule or self.before_schedule:
+            (spec,) = self._hooked([spec])
+        if spec.task_id is None and not (replace or durable):
+            task_id = new_task_id()
+            return self.shards.of(task_id).schedule_new(spec, task_id)
+        if self.shards.n == 1:  # (encode_tasks checks the id: no lists of a batch)
+            return _first(self.core.schedule([spec], replace=replace, durable=durable))
+        _, ops = self._ops_of([spec], replace, durable)
+        return _first(ops[0])
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
 
@@ -300,28 +334,17 @@ class _Base(Generic[C]):
         by_id = {str(s): s for s in done if isinstance(s, Scheduled)}
         return [by_id[i] for i in ids]
 
-    def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[list[str]]:
-        """The script call of one ``schedule``: that of a ``schedule_many`` of one task."""
-        spec = _spec(kind, payload, options)
-        replace, durable = options.get("replace", False), options.get("durable", False)
-        if self.shards.n == 1 and not (hooks.before_schedule or self.before_schedule):
-            # The common case, built straight away: the same checks and encoding
-            # (encode_tasks makes and checks the id), without the lists of a batch.
-            return self.core.schedule([spec], replace=replace, durable=durable)
-        _, ops = self._schedule_ops([spec], replace, durable)
-        return ops[0]
-
-    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[Scheduled]:
-        op = self._schedule_op(kind, payload, options)
+    def _schedule_plan(self, op: Op[Scheduled], durable: bool) -> Plan[Scheduled]:
+        """One ``schedule``'s call after the first call's shard count check; with
+        ``durable``, WAITAOF after it. (Once the count is checked, a call that is not
+        durable is run without a plan: ``Queue.schedule``.)"""
         if not self.shards.write_checked:
             yield from self._check_shards_plan()
-        if not options.get("durable"):
-            # The hot path: the step itself rather than call() (a generator less per call);
-            # its parser gives Scheduled ids (typed list[str] by the builder).
-            reply: list[Scheduled] = yield Call(op)
-        else:
-            (reply,) = yield from batch_plan([op], self.durable)
-        return reply[0]
+        if not durable:
+            reply: Scheduled = yield Call(op)  # the step itself: a generator less than call()
+            return reply
+        (reply,) = yield from batch_plan([op], self.durable)
+        return reply
 
     def _schedules_plan(self) -> Plan[list[cron_ops.ScheduleInfo]]:
         state = yield from self.checked(cron_ops.read(self.core))
@@ -416,10 +439,12 @@ class _Base(Generic[C]):
 
     _runner: Any = None  # made once per client
 
-    def _runner_of(self, make: Callable[[C], R]) -> R:
+    def _runner_of(self, make: Callable[..., R]) -> R:
         runner = self._runner
         if runner is None or runner.client is not self.client:
-            runner = self._runner = make(self.client)
+            # A client of the queue's own keeps a connection for single calls (held.py); one
+            # passed in may be shared, limited or closed by its owner, so it is left alone.
+            runner = self._runner = make(self.client, hold=self._owns_client)
         return runner  # type: ignore[no-any-return]
 
 
@@ -516,7 +541,11 @@ class Queue(_Base[redis.Redis]):
                   kept across retries, replays and reschedules (``replace=True`` writes the
                   new call's).
         """
-        return self.runner.drive(self._schedule_plan(kind, payload, options))
+        op = self._schedule_op(kind, payload, options)
+        durable = options.get("durable", False)
+        if self.shards.write_checked and not durable:
+            return self.runner.run(op)  # the common case: one call, nothing to plan
+        return self.runner.drive(self._schedule_plan(op, durable))
 
     def schedule_many(
         self,
@@ -640,6 +669,8 @@ class Queue(_Base[redis.Redis]):
 
     def close(self) -> None:
         if self._owns_client:
+            if self._runner is not None and self._runner.held is not None:
+                self._runner.held.close()
             self.client.close()
 
     def __enter__(self) -> Queue:
@@ -684,7 +715,11 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> Scheduled:
-        return await self.runner.drive(self._schedule_plan(kind, payload, options))
+        op = self._schedule_op(kind, payload, options)
+        durable = options.get("durable", False)
+        if self.shards.write_checked and not durable:
+            return await self.runner.run(op)  # as Queue.schedule
+        return await self.runner.drive(self._schedule_plan(op, durable))
 
     async def schedule_many(
         self,
@@ -773,6 +808,8 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def close(self) -> None:
         if self._owns_client:
+            if self._runner is not None and self._runner.held is not None:
+                await self._runner.held.close()
             await self.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:

@@ -29,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayq.connection import URL_ENV, describe, tls_fix
 from delayq.core import Op
 from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
+from delayq.held import MISSED, AsyncHeldConnection, HeldConnection
 
 T = TypeVar("T")
 # A cluster failing over or moving a slot: the call did not run; trying again later is safe.
@@ -396,10 +397,23 @@ def _unsent_error(reply: Any) -> Any:
 
 
 class SyncRunner:
-    def __init__(self, client: redis.Redis) -> None:
+    """Runs ops and plans on ``client``. ``hold``: keep one connection of the client's pool
+    for single calls (``held.py``; never on a cluster), for a client of the runner's own
+    owner alone."""
+
+    def __init__(self, client: redis.Redis, *, hold: bool = False) -> None:
         self.client = client
+        self.held = HeldConnection(client) if hold and not is_cluster(client) else None
 
     def run(self, op: Op[T]) -> T:
+        held = self.held
+        if held is not None:
+            try:
+                reply = held.call(op)
+            except ResponseError as e:
+                raise translate(e, self.client) from None
+            if reply is not MISSED:
+                return op.parse(reply)
         try:
             try:
                 reply = self.client.evalsha(*_argv(op))
@@ -448,10 +462,21 @@ class SyncRunner:
 
 
 class AsyncRunner:
-    def __init__(self, client: aredis.Redis) -> None:
+    """As :class:`SyncRunner`, for an asyncio client."""
+
+    def __init__(self, client: aredis.Redis, *, hold: bool = False) -> None:
         self.client = client
+        self.held = AsyncHeldConnection(client) if hold and not is_cluster(client) else None
 
     async def run(self, op: Op[T]) -> T:
+        held = self.held
+        if held is not None:
+            try:
+                reply = await held.call(op)
+            except ResponseError as e:
+                raise translate(e, self.client) from None
+            if reply is not MISSED:
+                return op.parse(reply)
         try:
             try:
                 reply = await self.client.evalsha(*_argv(op))

@@ -317,6 +317,7 @@ def load(name: str) -> Script:
 FOLDERS = ("cron", "expire")  # lua/<folder>/<x>.lua is the script <folder>_<x>
 NAMES = (
     "schedule",
+    "schedule_new",
     "claim",
     "ack",
     "retry",

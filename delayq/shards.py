@@ -72,6 +72,8 @@ class Shards:
         self.write_checked = False
 
     def of(self, task_id: str) -> QueueCore:
+        if self.n == 1:  # (once per schedule: no hash to take)
+            return self.home
         return self.cores[shard_of(task_id, self.n)]
 
     def group(

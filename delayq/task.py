@@ -190,6 +190,11 @@ class Scheduled(str):
         new = str.__new__
         return [new(_BY_CODE[int(c)], i) for i, c in zip(ids, codes, strict=True)]
 
+    @staticmethod
+    def of_code(task_id: str, code: Any) -> Scheduled:
+        """From one status code (as :meth:`from_replies`)."""
+        return str.__new__(_BY_CODE[int(code)], task_id)
+
     @property
     def created(self) -> bool:
         return self.status == "created"

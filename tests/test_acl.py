@@ -123,12 +123,15 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         queue.schedule("ok", None, delay=3600, task_id="stopped")
         assert queue.abort("stopped")
 
-        async def from_asyncio() -> str:
-            async with AsyncQueue("orders", url=acl.url) as aq:
-                return await aq.schedule("ok", None, task_id="async")
+        fresh = queue.schedule("ok", {"order_id": 2})  # a new id: schedule_new.lua
 
-        assert asyncio.run(from_asyncio()) == "async"
-        done = ("ok", "flaky", "slow", "later", "async")
+        async def from_asyncio() -> tuple[str, str]:
+            async with AsyncQueue("orders", url=acl.url) as aq:
+                return await aq.schedule("ok", None, task_id="async"), await aq.schedule("ok")
+
+        named, afresh = asyncio.run(from_asyncio())
+        assert named == "async"
+        done = ("ok", "flaky", "slow", "later", "async", fresh, afresh)
         wait_for(lambda: [_state(queue, tid) for tid in done] == ["done"] * len(done))
         wait_for(lambda: _state(queue, "fatal") == "dead")
         assert [w.alive for w in queue.workers()] == [True]
@@ -144,11 +147,11 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert queue.workers() == []  # unregistered
     assert SyncRunner(queue.client).run(queue.core.reap()) == 0
     stats = queue.stats()
-    assert stats.counters["succeeded"] == 5 and stats.counters["released"] == 1
+    assert stats.counters["succeeded"] == 7 and stats.counters["released"] == 1
     assert queue.cancel("stuck")
     with Admin(acl.url) as admin:  # resharding runs as the user too
         moved = operate.reshard(admin, "orders", 2)
-    assert moved.ok and moved.done == 6, moved  # 5 done, 1 aborted
+    assert moved.ok and moved.done == 8, moved  # 7 done, 1 aborted
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...

@@ -357,6 +357,94 @@ def test_schedule_creates_replaces_or_keeps_by_current_state(queue: Queue, case:
     check(queue, case)
 
 
+# -- schedule_new: schedule's case of a new id --------------------------------------------
+
+
+def sched_new(
+    task_id: str, *, m: int = 0, delay: float | None = None, at_ms: int | None = None
+) -> Build:
+    """One task with an id just made (``Queue.schedule`` without task_id), as its status."""
+    at = None if at_ms is None else at_ms / 1000
+    task = TaskSpec("job", "new", delay=delay, at=at, max_attempts=m)
+    return lambda c: dc_replace(c.schedule_new(task, task_id, now_ms=NOW), parse=int)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case("a new id with a relative delay", S(), sched_new("a", delay=5), 1, CREATED_A),
+        Case(
+            "a new id with an absolute at",
+            S(),
+            sched_new("a", at_ms=NOW + 7_000),
+            1,
+            S(scheduled={"a": NOW + 7_000}, tasks={"a": NEW}, stats={"scheduled": 1}),
+        ),
+        Case(
+            "a new id keeps its max_attempts, beside other tasks",
+            dc_replace(WAITING, stats={"scheduled": 4}),
+            sched_new("b", m=3),
+            1,
+            S(
+                scheduled={"a": NOW + 1_000, "b": NOW},
+                tasks={"a": LEASED, "b": dc_replace(NEW, m=3)},
+                stats={"scheduled": 5},
+            ),
+        ),
+        # An id that has a record was sent before: the call is a resend, which wrote it.
+        Case("a resent call changes nothing", CREATED_A, sched_new("a", delay=9), 0),
+        Case("an id that has a record is never touched", ACTIVE, sched_new("a", delay=5), 0),
+    ),
+)
+def test_schedule_new_adds_a_new_task_and_leaves_a_known_id_alone(queue: Queue, case: Case) -> None:
+    check(queue, case)
+
+
+AROUND = {"early": NOW + 1_000, "late": NOW + 60_000}
+
+
+@pytest.mark.parametrize(
+    "seeded",
+    [
+        pytest.param({}, id="empty"),
+        pytest.param({"early": NOW + 1_000}, id="an-earlier-head"),
+        pytest.param({"late": NOW + 60_000}, id="a-later-head"),
+        pytest.param(AROUND, id="both"),
+    ],
+)
+@pytest.mark.parametrize("delay", [0, 5, 3600])
+def test_schedule_new_writes_and_announces_what_schedule_does_for_a_new_id(
+    queue: Queue, seeded: dict[str, int], delay: float
+) -> None:
+    """schedule_new.lua is schedule.lua's case of an id new to the queue, in fewer commands:
+    the same state, status and wake-up, from either script."""
+    seeds = S(scheduled=seeded, tasks={i: T() for i in seeded}, stats={"scheduled": 2})
+    k, r = queue.core.keys, queue.client
+    outcomes = []
+    for build in (sched(spec("new", delay=delay)), sched_new("new", delay=delay)):
+        r.delete(k.scheduled, k.tasks, k.stats, k.attempts)
+        seed(r, k, seeds)
+        published = _published(queue, build)
+        outcomes.append((published, read_state(r, k)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[1][1].scheduled["new"] == NOW + delay * 1000
+    head = min(seeded.values(), default=None)
+    announced = head is None or NOW + delay * 1000 < head
+    assert outcomes[1][0] == ([str(NOW + delay * 1000).encode()] if announced else [])
+
+
+def test_schedule_new_call_is_laid_out_as_its_header_declares(queue: Queue) -> None:
+    """QueueCore.schedule_new lays its call out by hand (checked at import): the same keys
+    and arguments as the header's names give."""
+    core = queue.core
+    op = core.schedule_new(TaskSpec("job", "new", delay=5), "n1", now_ms=NOW)
+    named = dict(zip(op.script.arg_names, op.args, strict=True))
+    assert named["now"] == NOW and named["id"] == "n1" and named["due"] == "+5000"
+    assert (op.keys, op.args) == op.script.keys_and_args(core.keys, named)
+    record, payload = split_record(named["record"])
+    assert (record.kind, record.max_attempts, payload) == ("job", 0, b'"new"')
+
+
 # -- claim -------------------------------------------------------------------------------
 
 
@@ -1212,6 +1300,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
     """One call of every builder; building it checks its args against the script header."""
     return [
         core.schedule([TaskSpec("job", task_id="a")], now_ms=NOW),
+        core.schedule_new(TaskSpec("job"), "n", now_ms=NOW),
         claim(core, limit=1, lease_ms=LEASE, now_ms=NOW),
         ack(core, [("a", 1)], now_ms=NOW),
         retry(core, [("a", 1, "+1", "e")], now_ms=NOW),
