@@ -118,6 +118,10 @@ class Runs:
         self.caps_of = [self.caps]
         self.of_kind_of = [self.of_kind]
         self.capped = bool(self.caps)  # some lane has a capped kind: runs are counted
+        # Whether a freed slot wakes the claim loop (on_slot_free). The claim loop says: its
+        # claims were cut short for want of room, or per-kind caps may leave tasks waiting;
+        # else a freed slot changes nothing until more tasks fall due.
+        self.room_wanted = True
 
     def add_lane(
         self, executor: Executor, finisher: Finisher, caps: dict[str, int] | None = None
@@ -302,9 +306,9 @@ class Runs:
             self.running.discard(run)
             self._free_slot(run)
 
-    def _free_slot(self, run: Run) -> None:
+    def _free_slot(self, run: Run, look: bool = False) -> None:
         """Give back the run's concurrency slot, exactly once: to the next run claimed
-        ahead, or to the claim loop."""
+        ahead, or to the claim loop (woken when it waits for room, or ``look``)."""
         if self.capped:
             self._uncount(run)  # (before the slot check: a run lost while queued has none)
         if not run.slot:
@@ -322,7 +326,7 @@ class Runs:
                 continue
             self._take_slot(nxt)
             break
-        if self.room() > 0:  # else the claim loop has nothing to do yet: let it sleep
+        if (self.room_wanted or look) and self.room() > 0:  # else nothing to do for it
             self.on_slot_free()
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
@@ -400,7 +404,9 @@ class Runs:
             run.timer = None
         elif run.handle is not None:
             run.handle.cancel()
-        self._free_slot(run)  # free now, even if a sync handler runs on in its thread
+        # Free now, even if a sync handler runs on in its thread; and the claim loop looks at
+        # once: a lost lease has expired, and a claim reaps it.
+        self._free_slot(run, look=True)
 
     # -- shutdown ---------------------------------------------------------------------------
 
