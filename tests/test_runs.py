@@ -183,8 +183,57 @@ def test_a_run_due_a_fraction_of_a_millisecond_ahead_waits_for_its_timer() -> No
         c = Claimed("A", Header("k", 1, 0, 7, 0, 1, "json"), b"null")
         runs.start_many([c], server_now_ms=0)
         run = runs.by_id["A"]
-        assert run.timer is not None and not runs.running
-        assert run.timer.when() == due_at
-        run.timer.cancel()
+        assert run.at == due_at and not runs.running  # it waits for its time
 
     asyncio.run(main())
+
+
+async def test_runs_due_together_share_one_timer_and_none_starts_before_its_time() -> None:
+    """Runs waiting for their due time share one loop timer: when it goes off it starts
+    every run whose time has come, so ten runs due at one instant set one timer, not ten.
+    None starts before its own time, whichever timer starts it, and a run whose lease is
+    lost while it waits never starts."""
+    from delayq.connection import async_client
+    from delayq.runner import AsyncRunner
+    from delayq.worker.execute import Executor
+    from delayq.worker.threads import HandlerThreads
+
+    loop = asyncio.get_running_loop()
+    started: dict[str, float] = {}
+
+    async def k(task: Task) -> None:
+        started[task.id] = loop.time()
+
+    worker = Worker(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
+    worker.handler("k")(k)
+    runner = AsyncRunner(async_client(worker.queue.url))
+    ctx = worker.context(runner, HandlerThreads(0, loop, "test"), asyncio.Event())
+    timers: list[float] = []
+    real_call_at = loop.call_at
+
+    def call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        timers.append(when)
+        return real_call_at(when, *args, **kwargs)
+
+    base = loop.time() + 0.02
+    # due_ms is read as loop milliseconds here: ten tasks due together, then three apart
+    dues = {**{f"t{i}": base for i in range(10)}, "a": base + 0.001, "b": base + 0.002}
+    dues["lost"] = base + 0.0015
+    runs = Runs(Executor(ctx), Written(), lambda ms: ms / 1000, lambda: None)  # type: ignore[arg-type]
+    batch = [
+        Claimed(tid, Header("k", 1, 0, n + 1, 0, due * 1000, "json"), b"null")
+        for n, (tid, due) in enumerate(dues.items())
+    ]
+    loop.call_at = call_at  # type: ignore[method-assign]
+    try:
+        runs.start_many(batch, server_now_ms=0)
+    finally:
+        loop.call_at = real_call_at  # type: ignore[method-assign]
+    assert timers == [base * 1000 / 1000] and not runs.running  # one timer, the earliest
+    runs.leases_lost([("lost", runs.by_id["lost"].claimed.token)])
+    deadline = loop.time() + 5
+    while len(started) < 12 and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)
+    assert sorted(started) == sorted(set(dues) - {"lost"})
+    assert all(started[tid] >= dues[tid] for tid in started), "a run started early"

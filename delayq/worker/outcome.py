@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -17,6 +18,12 @@ log = logging.getLogger("delayq.worker")
 
 # A write the server refuses this many times in a row is taken apart (see Finisher).
 REFUSALS_BEFORE_ALONE = 3
+# A write starts at least this long after the one before it began. A write costs the worker
+# about 0.1 ms of CPU however few results it carries: written again as soon as the last one
+# was answered, writes carried a few results each and took a large share of the worker's
+# core at 10,000 tasks/s (bench/run bursts). So at most 500 writes a second, and a result
+# waits at most this much longer (an idle worker's is written at once).
+WRITE_EVERY_S = 0.002
 
 Action = Literal["ack", "discard", "retry", "bury", "release"]
 
@@ -43,15 +50,16 @@ def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list
 
 
 class Finisher:
-    """Writes outcomes in batches: one round trip carries every result that finished while
-    the previous one was in flight, so a busy worker acks thousands of tasks per call while
-    an idle one acks each at once. A write that fails for want of Redis, or that the
-    server refuses for now (out of memory, a demoted primary), is kept and tried again,
-    never dropped. One result that cannot be written (the client cannot send it, or the
-    server refuses it while it accepts others: a bug) must not hold up the rest: a batch
-    the client cannot send, or the server keeps refusing, is written a result at a time, and
-    only a result that fails alone is given up (``on_dropped``). Its lease is not extended
-    (see Runs), so its task runs again once the lease ends.
+    """Writes outcomes in batches: one round trip carries every result that finished since
+    the previous one began, and starts at least WRITE_EVERY_S after it, so a busy worker
+    acks hundreds of tasks per call while an idle one acks each at once. A write that fails
+    for want of Redis, or that the server refuses for now (out of memory, a demoted
+    primary), is kept and tried again, never dropped. One result that cannot be written
+    (the client cannot send it, or the server refuses it while it accepts others: a bug)
+    must not hold up the rest: a batch the client cannot send, or the server keeps
+    refusing, is written a result at a time, and only a result that fails alone is given
+    up (``on_dropped``). Its lease is not extended (see Runs), so its task runs again once
+    the lease ends.
     """
 
     def __init__(
@@ -103,14 +111,21 @@ class Finisher:
     async def run(self) -> None:
         delay = 0.1
         refusals = 0  # writes in a row the server refused (not for want of a connection)
+        loop = asyncio.get_running_loop()
+        began = -math.inf  # loop time the last write began
         while True:
             await self._event.wait()
+            # Results that finish meanwhile join this write (see WRITE_EVERY_S).
+            wait = began + WRITE_EVERY_S - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             self._event.clear()
             batch, self._pending = self._pending, []
             if not batch:
                 self._idle.set()
                 continue
             self._writing = len(batch)
+            began = loop.time()
             try:
                 replies = await self.runner.run_many(self._ops(batch))
             except Exception as e:

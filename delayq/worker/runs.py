@@ -15,7 +15,9 @@ two queues at once. The slots are shared: concurrency is the worker's, not a que
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -44,6 +46,7 @@ PROBE_EVERY = 16
 
 class Run:
     __slots__ = (
+        "at",
         "claimed",
         "due_now",
         "finishing",
@@ -53,7 +56,6 @@ class Run:
         "queued_at",
         "slot",
         "task",
-        "timer",
     )
 
     def __init__(self, claimed: Claimed, lane: int = 0) -> None:
@@ -62,7 +64,7 @@ class Run:
         self.slot = True  # holds one of the worker's concurrency slots
         self.queued_at = 0.0  # time.monotonic() when it began to wait for a slot
         self.due_now = False  # already due when claimed: no timer to work out
-        self.timer: asyncio.TimerHandle | None = None
+        self.at: float | None = None  # the loop time it waits for (Runs._timed), if it waits
         self.handle: asyncio.Task[None] | None = None
         self.task: Task | None = None
         self.lost = False
@@ -94,6 +96,15 @@ class Runs:
         # (clock.loop_clock); None: loop.time(), exact on asyncio's own loop.
         self.now: Callable[[], float] | None = None
         self.timer_margin = 0.0
+        # Runs waiting for their time, a heap of (loop time, sequence, run), and one loop
+        # timer (and the alarm) for the earliest. When it goes off it starts every run whose
+        # time has come, so runs due at one instant, or overdue by the time the loop gets to
+        # them, cost one timer between them, not one each. A run that stops waiting (its
+        # lease lost, or handed back) leaves its entry, skipped when it comes up.
+        self._timed: list[tuple[float, int, Run]] = []
+        self._timed_seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self.by_id: dict[str, Run] = {}  # the current run of each task held
         # id -> token: what the heartbeat extends. A run leaves it once its outcome is handed
         # to the Finisher: a lease is never extended for a result that cannot be written.
@@ -118,6 +129,10 @@ class Runs:
         self.caps_of = [self.caps]
         self.of_kind_of = [self.of_kind]
         self.capped = bool(self.caps)  # some lane has a capped kind: runs are counted
+        # Whether a freed slot wakes the claim loop (on_slot_free). The claim loop says: its
+        # claims were cut short for want of room, or per-kind caps may leave tasks waiting;
+        # else a freed slot changes nothing until more tasks fall due.
+        self.room_wanted = True
 
     def add_lane(
         self, executor: Executor, finisher: Finisher, caps: dict[str, int] | None = None
@@ -222,15 +237,47 @@ class Runs:
         at = self.to_loop(due) if due is not None else now
         if at > now:
             at += self.timer_margin
-            run.timer = loop.call_at(at, self._launch, run)
-            if self.alarm is not None:
-                self.alarm.at(at, spin=True)
+            run.at = at
+            self._timed_seq += 1
+            heapq.heappush(self._timed, (at, self._timed_seq, run))
+            if at < self._timer_at:
+                self._set_timer(loop, at)
         else:
             self._launch(run)
 
+    def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        self._cancel_timer()
+        self._timer = loop.call_at(at, self._ring)
+        self._timer_at = at
+        if self.alarm is not None:
+            self.alarm.at(at, spin=True)  # (reported by _ring or _cancel_timer: Alarm.ran)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            if self.alarm is not None:
+                self.alarm.ran(self._timer_at)
+            self._timer, self._timer_at = None, math.inf
+
+    def _ring(self) -> None:
+        """The timer went off: start every run whose time has come (the timer's, or the
+        clock's: never before its own), then set the timer for the next."""
+        loop = asyncio.get_running_loop()
+        now = self.now() if self.now is not None else loop.time()
+        come = max(self._timer_at, now)
+        if self.alarm is not None:
+            self.alarm.ran(self._timer_at)
+        self._timer, self._timer_at = None, math.inf
+        timed = self._timed
+        while timed and (timed[0][0] <= come or timed[0][2].at is None):
+            run = heapq.heappop(timed)[2]
+            if run.at is not None:  # (None: it stopped waiting)
+                run.at = None
+                self._launch(run)
+        if timed:
+            self._set_timer(loop, timed[0][0])
+
     def _launch(self, run: Run) -> None:
-        if run.timer is not None:
-            self._drop_timer(run, cancel=False)
         self.running.add(run)
         kind = run.claimed.header.kind
         left = self._alone.get(kind)
@@ -242,16 +289,6 @@ class Runs:
         else:  # one goes through a shared task, the rest alone until it shows which it is
             self._alone[kind] = PROBE_EVERY
             self.batches.start(run)
-
-    def _drop_timer(self, run: Run, *, cancel: bool = True) -> None:
-        """The run's timer has fired (``cancel`` False) or is cancelled: the alarm may wait
-        for the next one."""
-        assert run.timer is not None
-        if cancel:
-            run.timer.cancel()
-        if self.alarm is not None:
-            self.alarm.ran(run.timer.when())
-        run.timer = None
 
     def _stepped(self, run: Run, waited: bool) -> None:
         if waited:
@@ -313,9 +350,9 @@ class Runs:
             self.running.discard(run)
             self._free_slot(run)
 
-    def _free_slot(self, run: Run) -> None:
+    def _free_slot(self, run: Run, look: bool = False) -> None:
         """Give back the run's concurrency slot, exactly once: to the next run claimed
-        ahead, or to the claim loop."""
+        ahead, or to the claim loop (woken when it waits for room, or ``look``)."""
         if self.capped:
             self._uncount(run)  # (before the slot check: a run lost while queued has none)
         if not run.slot:
@@ -333,7 +370,7 @@ class Runs:
                 continue
             self._take_slot(nxt)
             break
-        if self.room() > 0:  # else the claim loop has nothing to do yet: let it sleep
+        if (self.room_wanted or look) and self.room() > 0:  # else nothing to do for it
             self.on_slot_free()
 
     def _finish(self, run: Run, outcome: Outcome) -> None:
@@ -406,11 +443,13 @@ class Runs:
                 mark_aborted(run.task)  # (lease_lost is set too)
             else:
                 run.task.lease_lost.set()
-        if run.timer is not None:
-            self._drop_timer(run)
+        if run.at is not None:
+            run.at = None  # it stops waiting (its entry in _timed is skipped)
         elif run.handle is not None:
             run.handle.cancel()
-        self._free_slot(run)  # free now, even if a sync handler runs on in its thread
+        # Free now, even if a sync handler runs on in its thread; and the claim loop looks at
+        # once: a lost lease has expired, and a claim reaps it.
+        self._free_slot(run, look=True)
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -423,10 +462,12 @@ class Runs:
             if not run.lost:
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
         for run in [r for by_id in self.by_ids for r in by_id.values()]:
-            if run.timer is not None:
-                self._drop_timer(run)
+            if run.at is not None:
+                run.at = None
                 self._free_slot(run)
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
+        self._timed.clear()
+        self._cancel_timer()
 
     async def wait_running(self, timeout: float, force: asyncio.Event) -> None:
         """Let running handlers finish, until ``timeout`` or ``force`` (a second signal)."""
