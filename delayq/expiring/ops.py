@@ -46,11 +46,13 @@ def validate_key(key: Any) -> str:
 
 
 def ttl_ms(ttl: Duration) -> int:
-    """A watched key's TTL in ms: at least 1 (InvalidTaskError naming the bound)."""
-    ms = round(seconds(ttl, "ttl") * 1000)
-    if ms < 1:
-        raise InvalidTaskError(f"ttl must be at least 1 ms, got {ttl!r}")
-    return ms
+    """A watched key's TTL in ms: at least 1 (InvalidTaskError naming the bound). The bound
+    is on the seconds given, as the HTTP API's schema states it (``minimum: 0.001``): a TTL
+    just under it is refused, not rounded up to 1 ms."""
+    s = seconds(ttl, "ttl")
+    if s < 0.001:
+        raise InvalidTaskError(f"ttl must be at least 1 ms (0.001 s), got {ttl!r}")
+    return max(round(s * 1000), 1)
 
 
 def _header(core: QueueCore) -> bytes:
