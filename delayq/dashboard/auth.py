@@ -73,6 +73,27 @@ def same_origin(request: Request) -> bool:
     return urlsplit(origin).netloc == request.headers.get("host", "")
 
 
+def local_path(target: object) -> str | None:
+    """``target`` if it is a path of this site (``/queues/x?after=...``), else None.
+
+    Only printable ASCII, no space or backslash, is taken, then parsed: browsers drop tabs
+    and newlines anywhere in a URL and controls and spaces around it, and read a backslash
+    as a slash, so ``/\\t/evil.example`` or ``/\\evil.example`` would reach another
+    site; ``urlsplit`` drops the tab as well, after a check for ``//`` has passed. What
+    remains must have no scheme or host and a path that starts with one slash only.
+    """
+    if not isinstance(target, str) or not target.isascii() or not target.isprintable():
+        return None
+    if " " in target or "\\" in target or not target.startswith("/"):
+        return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+        return None
+    if parts.path.startswith("//"):
+        return None
+    return target
+
+
 class TokenAuth:
     """ASGI middleware in front of the whole app (pages, static files, /metrics)."""
 
