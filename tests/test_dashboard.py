@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from delayq import Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.errors import ConfigurationError
 
 from .conftest import ROOT, WorkerThread
 from .support.dashboard_helpers import TOKEN, DashboardThread
@@ -159,6 +162,36 @@ def test_an_action_goes_back_only_to_a_path_of_this_site(dashboard: str, queue: 
             path = r.headers["location"].split("?", 1)[0]
             assert path == target.split("?", 1)[0], (target, r.headers["location"])
     queue.resume()
+
+
+def test_a_blank_token_is_refused_and_spaces_around_one_are_dropped(
+    server: EmbeddedServer, queue: Queue
+) -> None:
+    """Issue 28, as for the API's token: all whitespace was accepted; spaces around a token
+    made one no header could match."""
+    with pytest.raises(ConfigurationError, match="only whitespace"):
+        DashboardThread(server.url, [queue.name], token=" " * 12)
+    with DashboardThread(server.url, [queue.name], token=f"  {TOKEN}\t") as base:
+        assert httpx.get(f"{base}/", headers=BEARER, timeout=10).status_code == 200
+        r = httpx.get(f"{base}/?token={TOKEN}", timeout=10)
+        assert r.status_code == 303 and "delayq_session" in r.headers["set-cookie"]
+
+
+def _dashboard_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "delayq", "dashboard", "--port", "0", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_delayq_dashboard_refuses_a_blank_token() -> None:
+    proc = _dashboard_cli("--url", "redis://127.0.0.1:1/0", "--token", " " * 12)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "only whitespace" in err and "--token" in err
 
 
 def test_read_only_mode_shows_no_buttons_and_refuses_actions(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -709,6 +710,39 @@ def test_a_short_token_is_refused() -> None:
         create_app("redis://127.0.0.1:1/0", token="short")
 
 
+@pytest.mark.parametrize(
+    ("token", "words"),
+    [
+        (" " * 20, "only whitespace"),
+        ("\t\n" * 10, "only whitespace"),
+        ("", "only whitespace"),
+        ("   short   " + " " * 10, "at least 16 characters (it has 5)"),
+        ("a-token-of-20\nchars", "control character"),
+        (None, "must be a string"),
+    ],
+)
+def test_a_blank_or_unsendable_token_is_refused_naming_the_fix(token: Any, words: str) -> None:
+    """Issue 28: an all-whitespace token was accepted (20 spaces passed the length check)."""
+    with pytest.raises(ConfigurationError, match=re.escape(words)) as e:
+        create_app("redis://127.0.0.1:1/0", token=token)
+    assert "secrets.token_urlsafe" in str(e.value)
+
+
+async def test_spaces_around_the_token_are_dropped(server: EmbeddedServer) -> None:
+    """A token with spaces around it could never match: a header's value loses them."""
+    app = create_app(server.url, token=f"  {TOKEN}\t ")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api"
+    ) as c:
+        assert (await c.get("/readyz", headers=AUTH)).status_code == 200
+        problem(
+            await c.get("/readyz", headers={"authorization": f"Bearer  {TOKEN} x"}),
+            401,
+            "unauthorized",
+        )
+    await app.state.api.aclose()
+
+
 # -- Redis unreachable -------------------------------------------------------------------------
 
 
@@ -796,6 +830,17 @@ def test_delayq_api_refuses_to_start_without_a_token() -> None:
     assert "a token is required" in proc.stderr and "--token-file" in proc.stderr
     proc = _cli("--token", "short", "--port", "0")
     assert proc.returncode == 2 and "at least 16 characters" in proc.stderr
+    proc = _cli("--token", " " * 20, "--port", "0")
+    assert proc.returncode == 2 and "only whitespace" in proc.stderr
+    assert "secrets.token_urlsafe" in proc.stderr and "--token" in proc.stderr
+
+
+def test_delayq_api_refuses_a_token_file_of_whitespace(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("   \n" + TOKEN)  # (its first line is the token)
+    proc = _cli("--token-file", str(token_file), "--port", "0")
+    assert proc.returncode == 2 and "only whitespace" in proc.stderr
+    assert "--token-file" in proc.stderr
 
 
 def test_delayq_api_without_its_extra_names_the_pip_command() -> None:

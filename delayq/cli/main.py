@@ -18,11 +18,13 @@ from delayq.cli.common import QUEUE_ENV, duration
 from delayq.cli.controls import limit, pause, resume
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
+from delayq.cli.web import checked_token
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
 from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
 from delayq.protocol.cli import protocol
+from delayq.web.tokens import MAKE_ONE
 from delayq.worker.worker import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
@@ -381,7 +383,8 @@ watched keys, from any service (docs/http.md).
 
 Every request under /v1 and /readyz must carry 'Authorization: Bearer TOKEN'; /healthz
 and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
---token-file (at least 16 characters). With -q, only the queues named are served.
+--token-file (at least 16 characters; spaces around it are dropped). With -q, only
+the queues named are served.
 Listens on 127.0.0.1 unless --host says otherwise.
 Needs the http extra: pip install 'delayq[http]'.
 
@@ -471,21 +474,20 @@ def api(
 def _api_token(token: str | None, token_file: str | None, least: int) -> str:
     if token and token_file:
         raise click.UsageError("pass --token or --token-file, not both")
+    hint = "--token"
     if token_file:
+        hint = "--token-file"
         try:
             with open(token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
+                token = f.readline()
         except OSError as e:
-            raise click.BadParameter(f"cannot read it: {e}", param_hint="--token-file") from None
-    if not token:
+            raise click.BadParameter(f"cannot read it: {e}", param_hint=hint) from None
+    elif not token:
         raise click.UsageError(
             "a token is required: pass --token-file PATH (or --token, or set "
-            "DELAYQ_API_TOKEN); make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            f"DELAYQ_API_TOKEN); make one with {MAKE_ONE}"
         )
-    if len(token) < least:
-        raise click.BadParameter(f"use at least {least} characters", param_hint="--token")
-    return token
+    return checked_token(token, least=least, what="the API token", param_hint=hint)
 
 
 main.add_command(schedule)

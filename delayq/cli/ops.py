@@ -21,6 +21,7 @@ from delayq.cli.common import (
     safe,
     url_option,
 )
+from delayq.cli.web import checked_token
 from delayq.errors import MissingExtra
 from delayq.keys import MAX_SHARDS
 
@@ -163,13 +164,17 @@ def dashboard(
     """
     try:
         from delayq.dashboard import bind, serve
+        from delayq.dashboard.auth import MIN_TOKEN
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
 
     generated = not token
-    token = token or secrets.token_urlsafe(24)
-    if len(token) < 8:
-        raise click.BadParameter("use at least 8 characters", param_hint="--token")
+    token = checked_token(
+        token or secrets.token_urlsafe(24),
+        least=MIN_TOKEN,
+        what="the dashboard token",
+        param_hint="--token",
+    )
     with connect(url, queues) as admin:
         admin.ping()
         try:

@@ -7,7 +7,6 @@ Routing on the raw path and reading bodies with a cap are in ``wire.py``.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
 from delayq.task import Scheduled, TaskInfo
+from delayq.web.tokens import Token
 
 log = logging.getLogger("delayq.http")
 
@@ -51,14 +51,14 @@ class Api:
     def __init__(
         self,
         queues: Queues,
-        token: str,
+        token: str | Token,
         *,
         max_body: int = MAX_BODY,
         max_batch_body: int = MAX_BATCH_BODY,
     ) -> None:
         self.queues = queues
         self.coalescer = Coalescer()
-        self._token = token.encode()
+        self._token = token if isinstance(token, Token) else _token(token)
         self.max_body = max_body
         self.max_batch_body = max_batch_body
         self._openapi = wire.encode(document())
@@ -165,8 +165,7 @@ class Api:
                 "API was started with (delayq api --token or --token-file)",
                 headers={"www-authenticate": 'Bearer realm="delayq"'},
             )
-        scheme, _, credentials = given.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self._token):
+        if not self._token.matches_header(given):
             raise Problem(
                 "unauthorized",
                 "wrong token: send 'Authorization: Bearer TOKEN' with the token the API was "
@@ -472,6 +471,11 @@ async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
     )
 
 
+def _token(token: object) -> Token:
+    """The API's token, checked (spaces around it dropped: no header can carry them)."""
+    return Token(token, least=MIN_TOKEN, what="the API token")
+
+
 def create_app(
     url: str | None = None,
     *,
@@ -488,7 +492,7 @@ def create_app(
     Args:
         url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
         token: the bearer token every request under /v1 and /readyz must carry (at least
-            16 characters).
+            16 characters; spaces around it are dropped, since no header can carry them).
         client: a ``redis.asyncio`` client (``decode_responses=False``) instead of ``url``;
             the app does not close it.
         prefix: the key prefix of the queues.
@@ -499,18 +503,14 @@ def create_app(
     serves); ``await app.state.api.aclose()`` closes the connections it opened (the app's
     lifespan does so when it is served on its own).
     """
-    if not isinstance(token, str) or len(token) < MIN_TOKEN:
-        raise ConfigurationError(
-            f"the API token must be a string of at least {MIN_TOKEN} characters; make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-        )
+    checked = _token(token)
     owned = client is None
     if client is None:
         client = async_client(resolve_url(url), retries=RETRIES)
     allowed = frozenset(queues) if queues else None
     api = Api(
         Queues(client, prefix=prefix, allowed=allowed),
-        token,
+        checked,
         max_body=max_body,
         max_batch_body=max_batch_body,
     )
