@@ -663,6 +663,20 @@ async def test_routes_methods_media_types_and_names(client: httpx.AsyncClient, q
     assert "shorter" in doc["detail"]
 
 
+async def test_head_on_the_probes_answers_as_get_without_the_body(
+    client: httpx.AsyncClient,
+) -> None:
+    """Finding 12 of issue 28: HEAD /healthz answered 405 (probes and balancers send it)."""
+    for path in ("/healthz", "/readyz"):
+        got = await client.get(path)
+        r = await client.head(path)
+        assert r.status_code == 200 and r.content == b""
+        assert r.headers["content-length"] == got.headers["content-length"] != "0"
+    assert (await client.head("/readyz", headers={"authorization": ""})).status_code == 401
+    r = await client.put("/healthz")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
+
+
 async def test_only_the_queues_given_are_served(server: EmbeddedServer, qname: str) -> None:
     app = create_app(server.url, token=TOKEN, queues=[qname])
     async with httpx.AsyncClient(
@@ -700,7 +714,10 @@ async def test_a_queue_not_served_is_a_404_on_every_route_and_documented(
                 elif method == "post":
                     body = {"ttl": 5}
                 r = await c.request(method.upper(), url, json=body)
-                problem(r, 404, "not-found")
+                if method == "head":
+                    assert r.status_code == 404 and r.content == b""
+                else:
+                    problem(r, 404, "not-found")
                 assert "404" in op["responses"], (method, path)
     await app.state.api.aclose()
 

@@ -115,7 +115,9 @@ class Api:
         if reply.headers:
             headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
+        # HEAD: the GET's headers (its Content-Length too), without the body (RFC 9110 9.3.2).
+        body = b"" if scope["method"] == "HEAD" else reply.body
+        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
     def problem(p: Problem) -> Reply:
@@ -134,9 +136,10 @@ class Api:
             params = wire.match(pattern, segments)
             if params is None:
                 continue
-            handler = methods.get(scope["method"])
+            method = scope["method"]
+            handler = methods.get("GET" if method == "HEAD" else method)
             if handler is None:
-                allowed = ", ".join(methods)
+                allowed = ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
                 raise Problem(
                     "method-not-allowed",
                     f"{scope['method']} is not allowed on {scope['path']}: use {allowed}",
