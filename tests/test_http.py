@@ -213,11 +213,27 @@ async def test_batch_with_one_bad_task_lists_it_by_index_and_writes_nothing(
 async def test_batch_with_a_payload_too_large_writes_nothing(
     client: httpx.AsyncClient, qname: str, sq: Queue
 ) -> None:
+    """413 too-large, as for a single task (issue 31 item 3: it was a 422), naming the
+    task's index; a batch whose other payload errors are not about size stays a 422."""
     tasks = [{"kind": "k"}, {"kind": "k", "payload": "x" * 70_000}, {"kind": "k"}]
     r = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks})
-    doc = problem(r, 422, "invalid")
+    doc = problem(r, 413, "too-large")
     assert doc["errors"][0]["index"] == 1 and doc["errors"][0]["pointer"] == "/tasks/1/payload"
-    assert "max_payload" in doc["detail"]
+    assert doc["detail"].startswith("task 1's payload is") and "max_payload" in doc["detail"]
+    tasks.append({"kind": "k", "payload": "y" * 70_000})
+    doc = problem(
+        await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks}),
+        413,
+        "too-large",
+    )
+    assert [e["index"] for e in doc["errors"]] == [1, 3] and "(and 1 more" in doc["detail"]
+    body = '{"tasks": [{"kind": "k"}, {"kind": "k", "payload": "\\ud800"}]}'
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks/batch",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert pointers(problem(r, 422, "invalid")) == ["/tasks/1/payload"]
     assert sq.stats().scheduled == 0
 
 

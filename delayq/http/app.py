@@ -21,7 +21,13 @@ from delayq.admin.inspect import overview_of, overview_ops
 from delayq.admin.present import task_dict
 from delayq.connection import RETRIES, async_client, resolve_url
 from delayq.core import TaskSpec, new_task_ids, validate_task_id
-from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
+from delayq.errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    DelayqError,
+    InvalidTaskError,
+    PayloadTooLarge,
+)
 from delayq.expiring.ops import validate_key
 from delayq.http import schemas, wire
 from delayq.http.coalesce import Coalescer
@@ -261,13 +267,7 @@ class Api:
             try:
                 done = await q.schedule_many(specs, replace=replace, durable=durable)
             except InvalidTaskError as e:  # a payload: find every one refused, by index
-                errors = []
-                for i, spec in enumerate(specs):
-                    try:
-                        q.core.encode_tasks([spec])
-                    except InvalidTaskError as bad:
-                        errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
-                raise invalid(errors or [field_error("/tasks", str(e))]) from None
+                raise _refused_payloads(q, specs, e) from None
             except ConnectionFailed as e:
                 where = {tid: i for i, tid in enumerate(ids)}
                 raise from_error(
@@ -429,6 +429,24 @@ async def _results(q: AsyncQueue, done: list[Scheduled], specs: Sequence[TaskSpe
             tail = tails[(due, status)] = b"," + wire.encode(rest)[1:]
         out.append(b'{"id":' + wire.encode_str(s) + tail)
     return out
+
+
+def _refused_payloads(q: AsyncQueue, specs: Sequence[TaskSpec], e: InvalidTaskError) -> Problem:
+    """A batch's payloads refused, each named by its index: 413 if one is over the queue's
+    max_payload (as a single task's is), else 422."""
+    errors: list[dict[str, Any]] = []
+    large: list[str] = []
+    for i, spec in enumerate(specs):
+        try:
+            q.core.encode_tasks([spec])
+        except InvalidTaskError as bad:
+            errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
+            if isinstance(bad, PayloadTooLarge):
+                large.append(f"task {i}'s {bad}")
+    if not large:
+        return invalid(errors or [field_error("/tasks", str(e))])
+    more = f" (and {len(errors) - 1} more: see errors)" if len(errors) > 1 else ""
+    return Problem("too-large", large[0] + more, errors=errors)
 
 
 def _task_id(request: Request) -> str:
