@@ -679,6 +679,34 @@ async def test_routes_methods_media_types_and_names(client: httpx.AsyncClient, q
     assert "shorter" in doc["detail"]
 
 
+async def test_a_body_without_a_content_type_is_415_naming_the_header(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    """Issue 31 item 4: a body with no Content-Type was taken as JSON, though the error
+    table says 415 for a body that is not application/json."""
+    url = f"/v1/queues/{qname}/tasks"
+    body = b'{"kind": "k"}'
+    doc = problem(await client.post(url, content=body), 415, "unsupported-media-type")
+    assert "no Content-Type" in doc["detail"]
+    assert "'Content-Type: application/json'" in doc["detail"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length either
+        yield body
+
+    problem(await client.post(url, content=chunks()), 415, "unsupported-media-type")
+    r = await client.patch(f"{url}/x", content=b'{"delay": 1}')
+    problem(r, 415, "unsupported-media-type")
+    assert sq.stats().scheduled == 0
+    # No body needs no Content-Type: a GET, a DELETE; an empty POST is refused as empty.
+    assert (await client.get(f"{url}/x")).status_code == 404
+    assert (await client.delete(f"{url}/x")).status_code == 404
+    assert "empty" in problem(await client.post(url), 422, "invalid")["detail"]
+    assert (await client.post(url, content=body, headers=JSON_TYPE)).status_code == 201
+
+
+JSON_TYPE = {"content-type": "application/json"}
+
+
 async def test_head_on_the_probes_answers_as_get_without_the_body(
     client: httpx.AsyncClient,
 ) -> None:
