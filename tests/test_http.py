@@ -290,6 +290,11 @@ async def test_batch_errors_of_its_own_shape(client: httpx.AsyncClient, qname: s
         ({"tasks": [{"kind": "k"}, {"kind": "k", "max_attempts": 1.5}]}, "/tasks/1/max_attempts"),
         ({"tasks": [{"kind": "k"}, {"kind": "k", "headers": {"a": 1}}]}, "/tasks/1/headers"),
         ({"tasks": [{"kind": "k"}, {"payload": 1}]}, "/tasks/1/kind"),
+        ({"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "at": "15m"}]}, "/tasks/1/at"),
+        (
+            {"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "delay": "15q"}]},
+            "/tasks/1/delay",
+        ),
     ],
 )
 async def test_batch_refuses_each_bad_field_as_a_single_task_would(
@@ -595,8 +600,11 @@ async def test_tokens(client: httpx.AsyncClient, qname: str, sq: Queue) -> None:
         (b'{"kind": 5}', "/kind", "kind must be a string, got a number"),
         (b'{"kind": ""}', "/kind", "non-empty string"),
         (b'{"kind": "a\\u0001"}', "/kind", "control characters"),
-        (b'{"kind": "k", "delay": "60"}', "/delay", "delay must be a number, got a string"),
-        (b'{"kind": "k", "delay": true}', "/delay", "got a boolean"),
+        (b'{"kind": "k", "delay": "soon"}', "/delay", "cannot read duration 'soon'"),
+        (b'{"kind": "k", "delay": "-5m"}', "/delay", "cannot read duration '-5m'"),
+        (b'{"kind": "k", "delay": "4000d"}', "/delay", "over ten years"),
+        (b'{"kind": "k", "delay": true}', "/delay", "must be a number or a string, got a boolean"),
+        (b'{"kind": "k", "delay": []}', "/delay", "got an array"),
         (b'{"kind": "k", "delay": -1}', "/delay", "must not be negative"),
         (b'{"kind": "k", "delay": 1e12}', "/delay", "over ten years"),
         (b'{"kind": "k", "at": "2030-01-01"}', "/at", "RFC 3339"),
@@ -705,6 +713,85 @@ async def test_a_body_without_a_content_type_is_415_naming_the_header(
 
 
 JSON_TYPE = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("delay", "seconds"),
+    [
+        ("15m", 900),
+        ("90s", 90),
+        ("250ms", 0.25),
+        ("2h", 7200),
+        ("1d", 86400),
+        (" 1.5h ", 5400),
+        ("60", 60),
+        (900, 900),
+        (0.5, 0.5),
+    ],
+)
+async def test_delay_as_the_cli_writes_durations(
+    client: httpx.AsyncClient, qname: str, sq: Queue, delay: Any, seconds: float
+) -> None:
+    """Issue 31 item 8: "delay": "15m" was refused ("delay must be a number"), though
+    delayq schedule --delay 15m takes it. Both read it with timing.parse_duration."""
+    before = datetime.now(UTC)
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks", json={"kind": "k", "id": "d", "delay": delay}
+    )
+    assert r.status_code == 201, r.text
+    info = sq.get("d")
+    assert info is not None and info.due_at is not None
+    late = (info.due_at - before).total_seconds() - seconds
+    assert -0.01 < late < 5, late
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks/batch",
+        json={"tasks": [{"kind": "k", "id": f"b{i}", "delay": delay} for i in range(3)]},
+    )
+    assert r.status_code == 200, r.text
+    due = [sq.get(f"b{i}") for i in range(3)]
+    assert all(i is not None and i.due_at is not None for i in due)
+
+
+async def test_duration_strings_in_reschedule_a_batch_and_a_ttl(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    url = f"/v1/queues/{qname}"
+    sq.schedule("k", task_id="r", delay=5)
+    r = await client.patch(f"{url}/tasks/r", json={"delay": "1h"})
+    assert r.status_code == 200, r.text
+    info = sq.get("r")
+    assert info is not None and info.due_at is not None
+    assert 3590 < (info.due_at - datetime.now(UTC)).total_seconds() <= 3600
+    batch = {"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "delay": 60}, {"kind": "k"}]}
+    assert (await client.post(f"{url}/tasks/batch", json=batch)).status_code == 200
+    batch["tasks"][1]["delay"] = "15 minutes"
+    doc = problem(await client.post(f"{url}/tasks/batch", json=batch), 422, "invalid")
+    assert pointers(doc) == ["/tasks/1/delay"] and "cannot read duration" in doc["detail"]
+    r = await client.put(f"{url}/expiring/session:1", json={"value": 1, "ttl": "30m"})
+    assert r.status_code == 200, r.text
+    left = datetime.fromisoformat(r.json()["deadline"]) - datetime.now(UTC)
+    assert 1790 < left.total_seconds() <= 1800
+    doc = problem(
+        await client.put(f"{url}/expiring/session:1", json={"ttl": "0ms"}), 422, "invalid"
+    )
+    assert pointers(doc) == ["/ttl"]
+
+
+@pytest.mark.parametrize("delay", ["15x", "-5m", "4000d", "1e3s"])
+async def test_a_bad_duration_is_refused_in_the_cli_s_words(
+    client: httpx.AsyncClient, qname: str, server: EmbeddedServer, delay: str
+) -> None:
+    """One parser, one error: what the API says of a delay is what delayq schedule says."""
+    from click.testing import CliRunner
+
+    from delayq.cli.main import main as cli
+
+    r = await client.post(f"/v1/queues/{qname}/tasks", json={"kind": "k", "delay": delay})
+    detail = problem(r, 422, "invalid")["errors"][0]["detail"]
+    out = CliRunner().invoke(
+        cli, ["schedule", "k", "-q", qname, "--url", server.url, "--delay", delay]
+    )
+    assert out.exit_code != 0 and detail in out.output, (detail, out.output)
 
 
 async def test_head_on_the_probes_answers_as_get_without_the_body(

@@ -305,7 +305,13 @@ class Api:
         tid = _task_id(request)
         f = schemas.check_fields(request.json(), schemas.RESCHEDULE)
         if "delay" not in f and "at" not in f:
-            raise invalid([field_error("", "send delay (seconds) or at (an RFC 3339 time)")])
+            raise invalid(
+                [
+                    field_error(
+                        "", "send delay (seconds, or a duration: 15m) or at (an RFC 3339 time)"
+                    )
+                ]
+            )
 
         async def work(q: AsyncQueue) -> Reply:
             if await q.reschedule(tid, delay=f.get("delay"), at=f.get("at")):
