@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -192,6 +193,40 @@ def test_delayq_dashboard_refuses_a_blank_token() -> None:
     proc = _dashboard_cli("--url", "redis://127.0.0.1:1/0", "--token", " " * 12)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "only whitespace" in err and "--token" in err
+
+
+def test_delayq_dashboard_shares_the_api_s_bounds_on_slow_clients(
+    server: EmbeddedServer, queue: Queue
+) -> None:
+    """The dashboard is served as the API is (delayq/web/serve.py): its URL said once it
+    listens, and a client that sends nothing is answered 408 and closed."""
+    proc = _dashboard_cli(
+        "--url", server.url, "-q", queue.name, "--token", TOKEN, "--header-timeout", "2"
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while not line.startswith("open "):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+        base = line.split()[1].split("/?")[0]
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=15) as sock:  # no retry
+            t0 = time.monotonic()
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+            took = time.monotonic() - t0
+        assert 1.5 < took < 10 and got.startswith(b"HTTP/1.1 408 "), (took, got)
+        assert b"--header-timeout" in got
+        assert httpx.get(f"{base}/", headers=BEARER, timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def test_read_only_mode_shows_no_buttons_and_refuses_actions(

@@ -18,12 +18,13 @@ from delayq.cli.common import QUEUE_ENV, duration
 from delayq.cli.controls import limit, pause, resume
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
-from delayq.cli.web import checked_token
+from delayq.cli.web import checked_token, limits_options
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
 from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
 from delayq.protocol.cli import protocol
+from delayq.web.serve import Limits
 from delayq.web.tokens import MAKE_ONE
 from delayq.worker.worker import MAX_CONCURRENCY
 
@@ -384,8 +385,9 @@ watched keys, from any service (docs/http.md).
 Every request under /v1 and /readyz must carry 'Authorization: Bearer TOKEN'; /healthz
 and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
 --token-file (at least 16 characters; spaces around it are dropped). With -q, only
-the queues named are served.
-Listens on 127.0.0.1 unless --host says otherwise.
+the queues named are served. Listens on 127.0.0.1 unless --host says otherwise, and says
+its URL once it listens. A slow client is cut off: see --header-timeout and
+--body-timeout.
 Needs the http extra: pip install 'delayq[http]'.
 
 \b
@@ -431,6 +433,7 @@ Environment:
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option("--access-log", is_flag=True, help="Log every request (never the token).")
+@limits_options
 def api(
     url: str | None,
     queues: tuple[str, ...],
@@ -440,9 +443,10 @@ def api(
     token_file: str | None,
     log_level: str,
     access_log: bool,
+    limits: Limits,
 ) -> None:
     try:
-        from delayq.http import base_url, bind, serve
+        from delayq.http import bind, serve
         from delayq.http.app import MIN_TOKEN
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
@@ -457,7 +461,6 @@ def api(
         sock = bind(host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
-    click.echo(f"delayq HTTP API on {base_url(sock)} (Redis {where})", err=True)
     try:
         serve(
             url,
@@ -466,9 +469,16 @@ def api(
             queues=[q for item in queues for q in item.replace(",", " ").split()],
             log_level=log_level,
             access_log=access_log,
+            limits=limits,
+            announce=lambda base: _announce_api(base, where),
         )
     except ConfigurationError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _announce_api(base: str, where: str) -> None:
+    """Said once the API listens: a client that reads the URL can connect at once."""
+    click.echo(f"delayq HTTP API on {base} (Redis {where})", err=True)
 
 
 def _api_token(token: str | None, token_file: str | None, least: int) -> str:

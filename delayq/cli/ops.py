@@ -21,9 +21,10 @@ from delayq.cli.common import (
     safe,
     url_option,
 )
-from delayq.cli.web import checked_token
+from delayq.cli.web import checked_token, limits_options
 from delayq.errors import MissingExtra
 from delayq.keys import MAX_SHARDS
+from delayq.web.serve import Limits
 
 # -- check ------------------------------------------------------------------------------------
 
@@ -149,6 +150,7 @@ def check(
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@limits_options
 def dashboard(
     url: str | None,
     queues: tuple[str, ...],
@@ -157,6 +159,7 @@ def dashboard(
     token: str | None,
     read_only: bool,
     log_level: str,
+    limits: Limits,
 ) -> None:
     """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host).
 
@@ -188,6 +191,7 @@ def dashboard(
             log_level=log_level,
             announce=lambda base: _announce(base, token, generated, read_only, admin.where),
             sock=sock,
+            limits=limits,
         )
 
 
