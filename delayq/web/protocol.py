@@ -22,6 +22,7 @@ protocol (its C parser: about twice the requests a second of h11), with what it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -55,7 +56,13 @@ def problem_response(p: Problem, default_headers: list[tuple[bytes, bytes]]) -> 
 
 class Protocol(HttpToolsProtocol):
     """One connection. ``header_timeout`` and ``body_timeout`` are set on the subclass
-    :func:`delayq.web.serve.protocol_class` makes for a server."""
+    :func:`delayq.web.serve.protocol_class` makes for a server.
+
+    Its overrides are few on purpose: a request received whole goes through four more
+    Python calls than uvicorn's (``data_received``, ``on_headers_complete``,
+    ``on_message_complete``, ``on_response_complete``) and arms no timer; the parser's
+    per-header callbacks are uvicorn's own.
+    """
 
     header_timeout = 10.0
     body_timeout = 30.0
@@ -75,18 +82,13 @@ class Protocol(HttpToolsProtocol):
         self.since = 0.0  # since when (the loop's clock)
         self.deadline: asyncio.TimerHandle | None = None
         self.armed_for: tuple[str, float] | None = None
-        self.replaying = False  # our own head for an upgrade's body is being parsed
+        self.replay: _Replay | None = None  # reading a declined upgrade's body
 
     # -- the deadlines ------------------------------------------------------------------------
 
-    def begin(self, phase: str | None) -> None:
-        self.reading = phase
-        self.since = self.loop.time()
-
     def settle(self) -> None:
         """Arm the deadline of what is being read, if its time counts: not a request queued
-        behind one being answered (uvicorn stops reading meanwhile). Called once an event
-        or a chunk of bytes has been handled, so a request received whole costs no timer."""
+        behind one being answered (uvicorn stops reading meanwhile)."""
         phase = self.reading
         if phase is None or (self.pipeline if phase == "body" else self.answering()):
             self.disarm()
@@ -142,7 +144,7 @@ class Protocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.begin("head")
+        self.reading, self.since = "head", self.loop.time()
         self.settle()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -150,8 +152,9 @@ class Protocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.reading is None and not self.answering():
-            self.begin("head")  # the first bytes after a kept-alive wait (any bytes count)
+        if self.reading is None and (self.cycle is None or self.cycle.response_complete):
+            # The first bytes after a kept-alive wait (any bytes: CRLFs between requests too).
+            self.reading, self.since = "head", self.loop.time()
         self._unset_keepalive_if_required()
         while data:
             try:
@@ -168,7 +171,14 @@ class Protocol(HttpToolsProtocol):
                     self.handle_websocket_upgrade()
                     return
                 data = self.decline_upgrade(data[upgrade.args[0] :])
-        self.settle()
+        if self.replay is not None and self.replay.done:
+            self.parser = _parser(self)  # (between requests: the next starts on our own)
+            self.replay = None
+        if self.reading is None:
+            if self.deadline is not None:
+                self.disarm()
+        else:
+            self.settle()
 
     def decline_upgrade(self, rest: bytes) -> bytes:
         """What to feed the parser after the head of a request whose upgrade is not taken
@@ -182,55 +192,83 @@ class Protocol(HttpToolsProtocol):
         if not framing:
             return rest  # no body: what follows is the next request
         # The parser took the request as complete, without its body: open it again, and
-        # read the body through a head of ours that frames it as the request's did.
+        # read the body through a head of ours that frames it as the request's did, fed to
+        # a parser of its own whose head callbacks are dropped.
         self.cycle.more_body = True
         self.cycle.message_event.clear()
-        self.replaying = True
-        self.reading = "body"  # (since the head, as before)
+        self.reading = "body"  # (since the end of the request's head, as before)
+        self.replay = _Replay(self)
+        self.parser = _parser(self.replay)
         head = b"".join(n + b": " + v + b"\r\n" for n, v in framing)
         return b"POST / HTTP/1.1\r\n" + head + b"\r\n" + rest
 
-    def on_message_begin(self) -> None:
-        if self.replaying:
-            return
-        super().on_message_begin()
-        if self.reading is None:  # a request sent while the one before is answered
-            self.begin("head")
-
-    def on_url(self, url: bytes) -> None:
-        if not self.replaying:
-            super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.replaying:
-            super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
-        if self.replaying:
-            return
         app = self.app
         limit = self.max_connections
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             self.logger.warning("Exceeded concurrency limit.")
             self.app = _Overloaded(limit)
         try:
-            super().on_headers_complete()
+            HttpToolsProtocol.on_headers_complete(self)
         finally:
             self.app = app
-        self.begin("body")
+        self.reading, self.since = "body", self.loop.time()
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self.replaying = False
+        HttpToolsProtocol.on_message_complete(self)
         self.reading = None
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.transport.is_closing():
-            return
-        if self.reading is not None:  # a request read while this one was answered: its
-            self.since = self.loop.time()  # time counts from now
-        self.settle()
+        HttpToolsProtocol.on_response_complete(self)
+        if self.reading is not None and not self.transport.is_closing():
+            # A request read while this one was answered: its time counts from now.
+            self.since = self.loop.time()
+            self.settle()
+
+
+def _parser(callbacks: Any) -> httptools.HttpRequestParser:
+    """A request parser as uvicorn makes one."""
+    parser = httptools.HttpRequestParser(callbacks)
+    with contextlib.suppress(AttributeError):  # (httptools < 0.6.3 has none)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
+
+
+class _Replay:
+    """The parser's callbacks while a declined upgrade's body is read through our head:
+    that head's are dropped, the body's go to the protocol, and so does everything of the
+    requests after it in the same bytes (``done``: between two of them, the protocol can
+    take a parser of its own back)."""
+
+    def __init__(self, protocol: Protocol) -> None:
+        self.protocol = protocol
+        self.ours = True  # our head, then the request's body
+        self.done = False
+
+    def on_message_begin(self) -> None:
+        if not self.ours:
+            self.done = False
+            self.protocol.on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        if not self.ours:
+            self.protocol.on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.ours:
+            self.protocol.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if not self.ours:
+            self.protocol.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self.protocol.on_body(body)
+
+    def on_message_complete(self) -> None:
+        self.protocol.on_message_complete()
+        self.ours = False
+        self.done = True
 
 
 class _Overloaded:
