@@ -31,6 +31,8 @@ import pytest
 
 from delayq import Queue
 from delayq.embedded import EmbeddedServer
+from delayq.errors import ConfigurationError
+from delayq.web.serve import Limits
 
 from .conftest import FLAVOURS, ROOT
 
@@ -400,3 +402,30 @@ def test_a_token_with_spaces_around_it_is_the_token_without_them(api_process: An
     api = api_process(token=f"  {TOKEN} \t")
     r = httpx.get(f"{api.base}/readyz", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"max_connections": 0}, "max_connections must be a whole number from 1"),
+        ({"keep_alive": 2.5}, "keep_alive must be a whole number from 1"),
+        ({"header_timeout": 0}, "header_timeout must be seconds above 0"),
+        ({"body_timeout": float("inf")}, "body_timeout must be seconds above 0"),
+        ({"body_timeout": True}, "body_timeout must be seconds above 0"),
+    ],
+)
+def test_limits_refuse_what_cannot_bound_anything(given: dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        Limits(**given)
+
+
+def test_delayq_api_refuses_a_zero_timeout() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delayq", "api", "--token", TOKEN, "--header-timeout", "0"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--header-timeout" in proc.stderr
