@@ -25,11 +25,13 @@ from delayq.admin.present import controls_text
 from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     QUEUE_ENV,
+    allow_empty_option,
     connect,
     duration,
     echo_json,
     human_seconds,
     json_option,
+    known_queues,
     need_queue,
     one_line,
     payload_text,
@@ -172,7 +174,7 @@ def schedule(
     data, at, secs = _payload(payload), _at(at_text), duration(delay, "--delay")
     headers = _headers(header_items)
     with connect(url) as admin:
-        queue = need_queue(admin, queue)
+        queue = need_queue(admin, queue, new=True)
         q = admin.queue(queue)
         try:
             tid = q.schedule(
@@ -280,10 +282,16 @@ def _info_view(admin: Admin) -> Group | Text:
     metavar="DURATION",
     help="Refresh interval with --watch.",
 )
+@allow_empty_option
 @url_option
 @json_option
 def info(
-    queues: tuple[str, ...], watch: bool, interval: str, url: str | None, as_json: bool
+    queues: tuple[str, ...],
+    watch: bool,
+    interval: str,
+    allow_empty: bool,
+    url: str | None,
+    as_json: bool,
 ) -> None:
     """Per queue: scheduled, due now, active, dead, aborted, oldest overdue, next due, live
     workers, and its controls (paused; the rate limit and how long it needs for what is due
@@ -293,6 +301,7 @@ def info(
     """
     every = duration(interval, "--interval") or 2.0
     with connect(url, queues) as admin:
+        known_queues(admin, queues, allow_empty)
         if not watch:
             if as_json:
                 echo_json([ov.as_dict() for ov in admin.overviews()])
@@ -371,6 +380,7 @@ def task_show(task_id: str, queues: tuple[str, ...], url: str | None, as_json: b
     With --json: the task as an object, or a list when the id is in no queue or several.
     """
     with connect(url, queues) as admin:
+        known_queues(admin, queues, flag=False)
         try:
             found = admin.find_task(task_id)
         except InvalidTaskError as e:

@@ -130,16 +130,59 @@ def connect(url: str | None, queues: tuple[str, ...] = ()) -> Iterator[Admin]:
         admin.close()
 
 
-def need_queue(admin: Admin, queue: str | None) -> str:
-    """The --queue a command acts on; without one, say which queues exist."""
+def allow_empty_option(f: F) -> F:
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help="Take a --queue no process has written yet as an empty queue (a new deploy) "
+        "instead of refusing it as a probable typo.",
+    )(f)
+
+
+def _found(admin: Admin) -> str:
+    found = admin.discover()
+    return (
+        f"queues on {admin.where}: {', '.join(found)}" if found else f"no queues on {admin.where}"
+    )
+
+
+def need_queue(admin: Admin, queue: str | None, *, new: bool = False) -> str:
+    """The --queue a command acts on; without one, say which queues exist. A queue no
+    process has written is refused the same way, unless the command may begin it (``new``:
+    it writes, as schedule and reshard do, or sets controls, which may precede any task)."""
     if queue:
         try:
-            return admin.queue(queue).name
+            name = admin.queue(queue).name
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--queue") from None
-    found = admin.discover()
-    hint = f" (queues on {admin.where}: {', '.join(found)})" if found else ""
-    raise click.UsageError(f"no queue given: pass --queue NAME or set ${QUEUE_ENV}{hint}")
+        if not new:
+            known_queues(admin, (name,), flag=False)
+        return name
+    raise click.UsageError(
+        f"no queue given: pass --queue NAME or set ${QUEUE_ENV} ({_found(admin)})"
+    )
+
+
+def known_queues(
+    admin: Admin, queues: tuple[str, ...], allow_empty: bool = False, *, flag: bool = True
+) -> None:
+    """Refuse the --queue names that no process has written (no producer has scheduled on
+    them and no worker has started on them): a typo in a probe would otherwise check an
+    empty queue and pass. ``allow_empty`` (``--allow-empty``) takes them as empty; ``flag``:
+    the command has that option, and the message offers it."""
+    if allow_empty:
+        return
+    missing = [q for q in queues if not admin.exists(q)]
+    if missing:
+        names = ", ".join(repr(q) for q in missing)
+        fix = "Check the name" + (
+            ", or pass --allow-empty for a queue a new deploy has not used yet" if flag else ""
+        )
+        raise click.BadParameter(
+            f"no queue {names} on {admin.where}: nothing has been scheduled on it and no "
+            f"worker has started on it ({_found(admin)}). {fix}",
+            param_hint="--queue",
+        )
 
 
 def duration(text: str | None, what: str) -> float | None:
