@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import click
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -27,6 +27,7 @@ from delayq.cli.common import (
     QUEUE_ENV,
     allow_empty_option,
     connect,
+    console,
     duration,
     echo_json,
     human_seconds,
@@ -306,7 +307,7 @@ def info(
             if as_json:
                 echo_json([ov.as_dict() for ov in admin.overviews()])
             else:
-                Console().print(_info_view(admin))
+                console().print(_info_view(admin))
             return
         with contextlib.suppress(KeyboardInterrupt):
             _watch(admin, every, as_json)
@@ -319,7 +320,7 @@ def _watch(admin: Admin, every: float, as_json: bool) -> None:
             click.echo(json.dumps(data, ensure_ascii=False, default=str))
             sys.stdout.flush()
             time.sleep(every)
-    with Live(_info_view(admin), console=Console(), auto_refresh=False) as live:
+    with Live(_info_view(admin), console=console(), auto_refresh=False) as live:
         while True:
             time.sleep(every)
             live.update(_info_view(admin), refresh=True)

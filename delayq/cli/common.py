@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ import click
 
 from delayq.admin.inspect import Admin
 from delayq.admin.present import (
+    console,
     human_seconds,
     one_line,
     payload_text,
@@ -25,7 +27,15 @@ from delayq.connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.timing import parse_duration
 
-__all__ = ["human_seconds", "one_line", "payload_text", "relative", "safe", "task_dict"]
+__all__ = [
+    "console",
+    "human_seconds",
+    "one_line",
+    "payload_text",
+    "relative",
+    "safe",
+    "task_dict",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -196,3 +206,15 @@ def duration(text: str | None, what: str) -> float | None:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def browsable(base: str) -> list[str]:
+    """URLs a browser can open for a server at ``base`` (``http://host:port``): itself, but
+    for a wildcard address (``--host 0.0.0.0`` or ``::``), which no browser can open, this
+    machine's loopback address and then its host name, for other machines."""
+    head, _, port = base.rpartition(":")
+    host = head.removeprefix("http://")
+    if host not in ("0.0.0.0", "[::]"):
+        return [base]
+    loopback = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+    return [f"http://{loopback}:{port}", f"http://{socket.gethostname()}:{port}"]

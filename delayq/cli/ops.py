@@ -12,6 +12,7 @@ from delayq.admin import operate
 from delayq.admin.inspect import QueueOverview
 from delayq.cli.common import (
     allow_empty_option,
+    browsable,
     connect,
     duration,
     echo_json,
@@ -203,10 +204,12 @@ def dashboard(
 def _announce(base: str, token: str, generated: bool, read_only: bool, where: str) -> None:
     mode = " (read-only)" if read_only else ""
     click.echo(f"delayq dashboard{mode} for {where}")
-    if generated:
-        click.echo(f"open {base}/?token={token}")
-    else:
-        click.echo(f"open {base}/?token=<your token>  (or send Authorization: Bearer <token>)")
+    here, *elsewhere = browsable(base)
+    shown = token if generated else "<your token>"
+    bearer = "" if generated else "  (or send Authorization: Bearer <token>)"
+    click.echo(f"open {here}/?token={shown}{bearer}")
+    for url in elsewhere:
+        click.echo(f"  from another machine: {url}/?token={shown}")
     if not base.startswith(("http://127.", "http://[::1]", "http://localhost")):
         click.echo(
             "warning: listening beyond this machine; put TLS in front (a reverse proxy) so "
