@@ -14,6 +14,7 @@ import redis.asyncio.retry as aretry
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -184,6 +185,25 @@ def describe(client: Any) -> str:
         return f"unix://{kw['path']}"
     where = f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
     return f"rediss://{where}" if is_tls(client) else where
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection pool that has lent every connection it may make
+    (``max_connections``): redis-py's MaxConnectionsError, a plain ConnectionError of the same
+    words before redis-py 6. Nothing was sent, and the server has nothing to do with it."""
+    return isinstance(exc, RedisConnectionError) and str(exc) == "Too many connections"
+
+
+def pool_fix(client: Any) -> str:
+    """What to do when the client's pool ran out: the caller's own calls at one moment
+    (threads, tasks) outnumber ``max_connections``."""
+    limit = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    return (
+        f"every one of the {limit} connections the client may open to Redis at "
+        f"{describe(client)} (max_connections={limit}) is in use by this process's other "
+        "calls at this moment (threads or tasks sharing the queue, or the client's own "
+        "users): allow more with ?max_connections=N in the URL, or make fewer calls at once"
+    )
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -26,7 +26,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq.connection import URL_ENV, describe, tls_fix
+from delayq.connection import URL_ENV, describe, pool_exhausted, pool_fix, tls_fix
 from delayq.core import Op
 from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
 from delayq.held import MISSED, AsyncHeldConnection, HeldConnection
@@ -58,6 +58,8 @@ def translate(exc: Exception, client: Any) -> Exception:
             "a slot move in progress is the usual cause, and the call did not take effect: "
             "try again in a moment (if it persists, check the cluster's state)"
         )
+    if pool_exhausted(exc):
+        return ConnectionFailed(f"no connection for the call ({exc}): {pool_fix(client)}")
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         fix = tls_fix(exc, client) or (
             f"check the server is running, or point delayq elsewhere with url= or {URL_ENV[0]}"
