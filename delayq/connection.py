@@ -52,6 +52,10 @@ def resolve_url(url: str | None) -> str:
     """The argument, else ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else the default."""
     if url is None:
         url = next((os.environ[v] for v in URL_ENV if os.environ.get(v)), DEFAULT_URL)
+    elif not isinstance(url, str):
+        raise ConfigurationError(
+            f"url must be a Redis URL such as 'redis://127.0.0.1:6379/0', got {url!r:.200}"
+        )
     scheme = urlsplit(url).scheme
     if scheme not in _SCHEMES:
         raise ConfigurationError(
@@ -148,8 +152,16 @@ def _pack_command(self: Any, *args: Any) -> list[bytes]:
         raise DataError(str(e)) from None
 
 
-def check_client(client: Any) -> None:
-    """delayq reads bytes (payloads may be binary): refuse clients that decode replies."""
+def check_client(client: Any, kinds: tuple[type[Any], ...] = ()) -> None:
+    """A client of one of ``kinds`` (when given), that does not decode replies: delayq reads
+    bytes (payloads may be binary)."""
+    if kinds and not isinstance(client, kinds):
+        # (redis.client.Redis is redis.Redis, redis.asyncio.cluster.RedisCluster ...)
+        names = " or ".join(f"{k.__module__.rpartition('.')[0]}.{k.__name__}" for k in kinds)
+        raise ConfigurationError(
+            f"client must be a {names} (made with decode_responses=False), got "
+            f"{client!r:.200}; or pass url= instead"
+        )
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
     if kwargs.get("decode_responses"):

@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import URL_ENV, describe, pool_exhausted, pool_fix, tls_fix
 from delayq.core import Op
-from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
+from delayq.errors import ConfigurationError, ConnectionFailed, DurabilityError, ScriptError
 from delayq.held import MISSED, AsyncHeldConnection, HeldConnection
 
 T = TypeVar("T")
@@ -197,6 +197,16 @@ class Nodes:
 
 Step = Call[Any] | Trip | Load | Command | Refresh | Nodes
 Plan = Generator[Step, Any, T]
+
+
+def check_plan(plan: Plan[T]) -> Plan[T]:
+    """A plan as ``drive`` takes it (a generator of steps), else ConfigurationError."""
+    if isinstance(plan, Generator):
+        return plan
+    raise ConfigurationError(
+        f"plan must be a plan (a generator of steps: queue.checked(op), delayq.expiring's "
+        f"set_plan, ...), got {plan!r:.200}"
+    )
 
 
 def call(op: Op[T]) -> Plan[T]:
