@@ -380,6 +380,25 @@ def test_threads_share_a_queue_with_a_small_pool(
         assert len(set(made)) == 360 and _ids(admin, q) == set(made)
 
 
+async def test_async_tasks_share_a_queue_with_a_small_pool(
+    server: EmbeddedServer, admin: redis.Redis, qname: str
+) -> None:
+    """As many tasks as the pool has connections, each making single calls and pipelines."""
+    async with AsyncQueue(qname, url=f"{server.url}?max_connections=3", dedupe_window=3600) as q:
+
+        async def produce() -> list[str]:
+            made = []
+            for i in range(60):
+                tid = await q.schedule("k", i)
+                (other,) = await q.schedule_many([{"kind": "k", "payload": i}])
+                assert (await q.stats()).scheduled >= 1 and await q.get(tid) is not None
+                made += [tid, other]
+            return made
+
+        made = [i for part in await asyncio.gather(*(produce() for _ in range(3))) for i in part]
+        assert len(set(made)) == 360 and _ids(admin, q) == set(made)
+
+
 def test_a_pool_the_callers_own_calls_exhaust_says_so(server: EmbeddedServer, qname: str) -> None:
     """When every connection is really in use (here: taken by the caller's own code), the
     error names the pool's limit, not the server (seen failing before: "check the server is
