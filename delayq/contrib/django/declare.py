@@ -169,10 +169,9 @@ def register(worker: Worker, declaration: Declaration, wrap: Wrap = db.managed) 
 def find_handler(queue: str, kind: str) -> Declaration | None:
     """The discovered ``@handler`` of ``kind`` on the configured ``queue`` (eager mode)."""
     for declaration in discover():
-        if (
-            declaration.method == "handler"
-            and declaration.args == (kind,)
-            and (declaration.queue in (None, queue))
-        ):
+        if declaration.method != "handler" or declaration.queue not in (None, queue):
+            continue
+        declared = declaration.args[0]
+        if getattr(declared, "kind", declared) == kind:  # a kind, or a typed task's
             return declaration
     return None

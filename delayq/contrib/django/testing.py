@@ -40,7 +40,7 @@ from delayq.queue import Queue
 from delayq.testing import Drained, VirtualClock, adrain, drain
 from delayq.worker.worker import Worker
 
-ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
+ASYNC_UNSAFE_ENV = "DJANGO_ALLOW_ASYNC_UNSAFE"
 
 
 @contextlib.contextmanager
@@ -52,15 +52,15 @@ def inline_orm() -> Iterator[None]:
     Django refuses ORM calls in a thread with a running loop unless
     ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set. The refusal guards against coroutines sharing a
     connection; ``drain`` runs one handler at a time, so it is set while it runs."""
-    previous = os.environ.get(ASYNC_UNSAFE)
-    os.environ[ASYNC_UNSAFE] = "true"
+    previous = os.environ.get(ASYNC_UNSAFE_ENV)
+    os.environ[ASYNC_UNSAFE_ENV] = "true"
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(ASYNC_UNSAFE, None)
+            os.environ.pop(ASYNC_UNSAFE_ENV, None)
         else:
-            os.environ[ASYNC_UNSAFE] = previous
+            os.environ[ASYNC_UNSAFE_ENV] = previous
 
 
 class VirtualTime:
