@@ -53,4 +53,5 @@ DATABASES = {
 DELAYQ = {
     "URL": os.environ.get("DELAYQ_REDIS_URL", "redis://127.0.0.1:9/0"),
     "QUEUES": {"default": {}, "emails": {}},
+    "OUTBOX": True,
 }

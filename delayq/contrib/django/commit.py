@@ -44,6 +44,7 @@ def schedule_on_commit(
     *,
     using: str | None = None,
     robust: bool = False,
+    outbox: bool = False,
     **options: Any,
 ) -> str:
     """Schedule ``kind`` with ``payload`` on ``queue`` once the current transaction of the
@@ -58,6 +59,10 @@ def schedule_on_commit(
         using: the database alias whose transaction decides (as ``on_commit``'s).
         robust: as ``on_commit``'s: a failing schedule is logged and the commit's other
             callbacks still run, instead of raising from the commit.
+        outbox: write the task in the transaction, as a row of ``delayq_outbox``, sent at
+            the commit or, if that fails, by the worker's relay: nothing is lost when the
+            process dies between the commit and the schedule (``DELAYQ["OUTBOX"]``;
+            ``delay``, ``at``, ``task_id``, ``max_attempts`` and ``headers`` only).
 
     Returns:
         The task's id, made now (or ``task_id``): store it with the row if you like.
@@ -71,7 +76,7 @@ def schedule_on_commit(
     if unknown:
         raise ConfigurationError(
             f"schedule_on_commit() got unknown option(s) {', '.join(unknown)} "
-            f"(it takes {', '.join(sorted(OPTIONS))}, using and robust)"
+            f"(it takes {', '.join(sorted(OPTIONS))}, using, robust and outbox)"
         )
     task_id = options.get("task_id") or new_task_id()
     if isinstance(kind, str):  # a typed kind is checked by its queue when it is scheduled
@@ -87,7 +92,13 @@ def schedule_on_commit(
     codec = target.core.codec
     payload = codec.decode(encode_payload(codec, payload, target.core.max_payload))
     scheduled = {**options, "task_id": task_id}
-    if conf.read().eager:
+    config = conf.read()
+    if outbox and not config.eager:
+        from delayq.contrib.django import outbox as box  # its model needs the apps loaded
+
+        box.write(target, kind, payload, task_id, scheduled, using)
+        return task_id
+    if config.eager:
 
         def run() -> None:
             run_eagerly(target, kind, payload, scheduled)

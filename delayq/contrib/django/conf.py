@@ -10,6 +10,8 @@ the setting's key and what it takes.
         "WORKER": {"concurrency": 16},        # Worker options for manage.py delayq_worker
         "EAGER": False,                       # schedule_on_commit runs the handler at once
         "DASHBOARD_URL": None,                # the admin's link to `delayq dashboard`
+        "OUTBOX": False,                      # schedule_on_commit(..., outbox=True)
+        "OUTBOX_EVERY": 1.0,                  # seconds between the worker's relays
     }
 """
 
@@ -40,7 +42,9 @@ QUEUE_OPTIONS = frozenset(
 WORKER_OPTIONS = frozenset(
     {"concurrency", "lease", "grace", "lookahead", "max_wait", "configure_notifications"}
 )
-KEYS = frozenset({"URL", "QUEUES", "TASKS_MODULE", "WORKER", "EAGER", "DASHBOARD_URL"})
+KEYS = frozenset(
+    {"URL", "QUEUES", "TASKS_MODULE", "WORKER", "EAGER", "DASHBOARD_URL", "OUTBOX", "OUTBOX_EVERY"}
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class Config:
     worker: dict[str, Any] = field(default_factory=dict)
     eager: bool = False
     dashboard_url: str | None = None
+    outbox: bool = False
+    outbox_every: float = 1.0
 
     def queue(self, name: str | None) -> QueueConfig:
         """The configured queue ``name`` (None: the only one, or ``"default"``)."""
@@ -126,13 +132,21 @@ def read() -> Config:
         )
     worker = dict(_mapping(raw.get("WORKER", {}), f"{SETTING}['WORKER']"))
     _unknown(worker, WORKER_OPTIONS, f"{SETTING}['WORKER']")
-    eager = raw.get("EAGER", False)
-    if not isinstance(eager, bool):
-        raise ImproperlyConfigured(f"settings.{SETTING}['EAGER'] must be True or False")
+    eager, outbox = raw.get("EAGER", False), raw.get("OUTBOX", False)
+    for key, value in (("EAGER", eager), ("OUTBOX", outbox)):
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(f"settings.{SETTING}['{key}'] must be True or False")
+    every = raw.get("OUTBOX_EVERY", 1.0)
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0.1 <= every <= 3600:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING}['OUTBOX_EVERY'] is seconds from 0.1 to 3600, got {every!r}"
+        )
     return Config(
         queues=_queues(raw.get("QUEUES", {DEFAULT_QUEUE: {}}), url),
         tasks_module=module,
         worker=worker,
         eager=eager,
         dashboard_url=_optional_str(raw.get("DASHBOARD_URL"), f"{SETTING}['DASHBOARD_URL']"),
+        outbox=outbox,
+        outbox_every=float(every),
     )

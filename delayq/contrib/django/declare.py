@@ -125,12 +125,15 @@ def make_worker(
     *,
     declarations: Sequence[Declaration] | None = None,
     wrap: Wrap = db.managed,
+    relay: bool = False,
     **options: Any,
 ) -> Worker:
     """A ``Worker`` of the configured ``queues`` (default: all of them) with the discovered
     declarations registered on it (those naming another queue are left to its worker).
     ``options``: ``Worker(...)`` arguments over ``settings.DELAYQ["WORKER"]``'s. ``wrap``:
     what each function is registered as (``db.managed``: closed or checked connections).
+    ``relay``: with ``DELAYQ["OUTBOX"]``, also relay the outbox every ``OUTBOX_EVERY``
+    seconds (``manage.py delayq_worker`` does; a test calls ``outbox.relay()`` itself).
 
     Raises:
         ImproperlyConfigured: an unknown queue, a bad ``WORKER`` option, or a declaration
@@ -145,7 +148,20 @@ def make_worker(
         worker = Worker(qs[0] if len(qs) == 1 else qs, **{**config.worker, **options})
     except ConfigurationError as e:
         raise ImproperlyConfigured(f"settings.DELAYQ['WORKER'] or its queues: {e}") from None
-    for declaration in discover() if declarations is None else declarations:
+    found = list(discover() if declarations is None else declarations)
+    if relay and config.outbox:
+        from delayq.contrib.django import outbox  # its model needs the apps loaded
+
+        found.append(
+            Declaration(
+                "every",
+                (config.outbox_every,),
+                names[0],
+                outbox.relay_occurrence,
+                {"name": outbox.RELAY_SCHEDULE},
+            )
+        )
+    for declaration in found:
         if declaration.queue is not None:
             config.queue(declaration.queue)
             if declaration.queue not in names:
