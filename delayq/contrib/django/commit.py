@@ -54,8 +54,8 @@ def schedule_on_commit(
     Args:
         queue: a ``Queue``, or the name of a queue of ``settings.DELAYQ["QUEUES"]`` (None:
             the only one configured).
-        kind, payload, options: as ``Queue.schedule`` takes them (``delay``, ``at``,
-            ``task_id``, ``replace``, ``max_attempts``, ``durable``, ``headers``).
+        kind: the task's kind, as ``Queue.schedule`` takes it.
+        payload: the handler's ``task.payload``, checked and copied now.
         using: the database alias whose transaction decides (as ``on_commit``'s).
         robust: as ``on_commit``'s: a failing schedule is logged and the commit's other
             callbacks still run, instead of raising from the commit.
@@ -63,6 +63,8 @@ def schedule_on_commit(
             the commit or, if that fails, by the worker's relay: nothing is lost when the
             process dies between the commit and the schedule (``DELAYQ["OUTBOX"]``;
             ``delay``, ``at``, ``task_id``, ``max_attempts`` and ``headers`` only).
+        **options: those of ``Queue.schedule``: ``delay``, ``at``, ``task_id``,
+            ``replace``, ``max_attempts``, ``durable``, ``headers``.
 
     Returns:
         The task's id, made now (or ``task_id``): store it with the row if you like.
