@@ -164,3 +164,16 @@ class MixinTests(DelayqTestMixin, TestCase):
         assert [s[:2] for s in shop.tasks.seen if s[0] == "note.add"] == [
             ("note.add", {"text": "m"})
         ]
+
+
+@pytest.mark.django_db
+def test_a_setting_changed_mid_test_gives_the_drain_a_new_worker(
+    settings: Any, delayq_virtual: VirtualTime
+) -> None:
+    before = delayq_virtual.worker("default")
+    assert delayq_virtual.worker("default") is before
+    settings.DELAYQ = {**settings.DELAYQ, "WORKER": {"concurrency": 3}}
+    after = delayq_virtual.worker("default")
+    assert after is not before and after.concurrency == 3
+    delayq_virtual.queue().schedule("note.add", {"text": "new"})
+    assert [r.outcome for r in delayq_virtual.drain().by_kind("note.add")] == ["done"]

@@ -96,11 +96,12 @@ class VirtualTime:
 
     def worker(self, queue: str | None = None) -> Worker:
         """The worker of one configured queue (None: the only one), with the discovered
-        handlers, made once."""
-        name = self.queue(queue).name
-        if name not in self._workers:
-            self._workers[name] = make_worker([name], wrap=self._wrap)
-        return self._workers[name]
+        handlers, made once (again after a change of the setting)."""
+        current = self.queue(queue)
+        found = self._workers.get(current.name)
+        if found is None or found.queue is not current:  # new, or the setting changed
+            found = self._workers[current.name] = make_worker([current.name], wrap=self._wrap)
+        return found
 
     def _wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """A sync handler runs on the test thread's connections (in its ``TestCase``
