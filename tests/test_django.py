@@ -50,7 +50,7 @@ def pytest_in(project: Path, *args: str) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=580,
     )
     return out.stdout + out.stderr
 
@@ -62,7 +62,7 @@ def summary(output: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", lines[0])}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(not _postgres_up(), reason="no PostgreSQL on 127.0.0.1:5432")
 @pytest.mark.parametrize("name", list(PROJECTS))
 def test_the_django_tests_pass_on_postgresql(name: str) -> None:
