@@ -103,6 +103,13 @@ def current_tenant() -> str:
 # The names a block's page has given it, by name (``<!-- docs: with: app -->``).
 PRELUDES = {"app": APP}
 
+# Pages not yet held to these rules, each with why; test_pending_pages_still_need_it fails
+# once a page passes, so that it leaves this list.
+PENDING = {
+    "docs/django.md": "written on the django branch before this check; its blocks need "
+    "markers, and its Django code types only with django-stubs",
+}
+
 
 @dataclass
 class Block:
@@ -161,7 +168,15 @@ def pages() -> list[Path]:
     return sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)
 
 
-ALL = [b for p in pages() for b in blocks(p)]
+EVERY = [b for p in pages() for b in blocks(p)]
+ALL = [b for b in EVERY if b.where.rsplit(":", 1)[0] not in PENDING]
+
+
+def test_pending_pages_still_need_it() -> None:
+    for page, why in PENDING.items():
+        assert (ROOT / page).is_file(), f"{page} is gone: drop it from PENDING"
+        own = [b for b in EVERY if b.where.startswith(f"{page}:")]
+        assert any(problems(b) for b in own), f"{page} passes: drop it from PENDING ({why})"
 
 
 def test_the_docs_have_blocks_of_each_kind() -> None:
