@@ -398,8 +398,10 @@ def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
 
 
 def as_str(value: Any) -> str:
-    """A reply's value as text (replies come as bytes; tests may pass str)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply's value as text (replies come as bytes; tests may pass str). What delayq writes
+    is UTF-8; bytes another program wrote that are not show as ``\\xNN`` (a dead task buried
+    by its raw id, say), rather than fail the whole reply."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def as_bytes(value: Any) -> bytes:

@@ -1,0 +1,204 @@
+"""What another program writes into a queue's keys never stops a worker (issue 28, finding 2
+and its class; finding 6). Whatever bytes sit in a record, its header fields, its attempts
+entry or its id, the task either runs as a normal task or ends in the dead set with a
+reason, the tasks beside it run once, and the worker stays up. Records are written with raw
+commands (key names from ``delayq/keys.py``), as a program in another language could."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayq import Queue, Worker, leasing
+from delayq.embedded import EmbeddedServer
+from delayq.scripts import SCRIPTS
+from delayq.testing import VirtualClock, drain
+
+from .conftest import WorkerThread
+from .support.helpers import wait_for
+
+RunWorker = type[WorkerThread]
+
+
+class Records(logging.Handler):
+    """The delayq log records of a test, from every thread."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.guard:
+            self.records.append(record)
+
+    def trouble(self) -> list[str]:
+        """Records that mean a loop or the engine failed: a supervised loop restarting (it
+        raised), an internal error running a task, or any traceback that is not a handler's."""
+        with self.guard:
+            return [
+                r.getMessage()
+                for r in self.records
+                if (
+                    r.levelno >= logging.ERROR
+                    and ("restarting" in r.getMessage() or "internal error" in r.getMessage())
+                )
+                or r.levelno >= logging.CRITICAL
+                or (r.exc_info and "is dead" not in r.getMessage())
+            ]
+
+
+@pytest.fixture
+def logs() -> Iterator[Records]:
+    handler = Records()
+    logger = logging.getLogger("delayq")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def write(
+    queue: Queue, tid: bytes, record: bytes, *, score: float = 0, attempt: bytes | None = None
+) -> None:
+    """A task as another program writes one: its record, its id in the schedule, and
+    perhaps an attempts entry."""
+    keys = queue.core.keys
+    queue.client.hset(keys.tasks, tid, record)
+    if attempt is not None:
+        queue.client.hset(keys.attempts, tid, attempt)
+    queue.client.zadd(keys.scheduled, {tid: score})
+
+
+def dead_reason(queue: Queue, tid: bytes) -> str | None:
+    """The reason a task is dead, read raw (by its raw id), or None when it is not dead."""
+    keys = queue.core.keys
+    if queue.client.zscore(keys.dead, tid) is None:
+        return None
+    reason = queue.client.hget(keys.errors, tid)
+    return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else ""
+
+
+def settled(queue: Queue) -> bool:
+    keys = queue.core.keys
+    return queue.client.zcard(keys.scheduled) == 0 and queue.client.zcard(keys.active) == 0
+
+
+# -- finding 2: a field that is not UTF-8 -----------------------------------------------------
+
+GOOD = b'{"k":"k","c":1}\n{"n":1}'
+
+
+@pytest.mark.parametrize(
+    ("tid", "record", "field"),
+    [
+        (b"bad-id-\xff", GOOD, "task id"),
+        (b"bad-id-\xe2\x82", GOOD, "task id"),  # a character cut short
+        (b"bad-id-\xed\xa0\x80", GOOD, "task id"),  # a surrogate, as CESU-8 writes it
+        (b"bad-kind", b'{"k":"k\xff","c":1}\n{"n":1}', "kind (header field k)"),
+        (b"bad-kind-slow", b'{"c":1,"k":"\xc0\xaf"}\n{"n":1}', "kind (header field k)"),
+        (b"bad-format", b'{"k":"k","f":"\xfe","c":1}\n{"n":1}', "payload format"),
+        (b"bad-headers", b'{"k":"k","c":1,"h":{"a":"\xff"}}\n{"n":1}', "headers"),
+        (b"bad-payload", b'{"k":"k","c":1}\n{"n":"\xff"}', "payload"),
+    ],
+)
+def test_a_field_that_is_not_utf8_buries_its_task_and_its_batch_runs(
+    queue: Queue, run_worker: RunWorker, logs: Records, tid: bytes, record: bytes, field: str
+) -> None:
+    """Finding 2: a record with a non-UTF-8 id, kind or format made the claim parse raise
+    UnicodeDecodeError; the claim loop failed 8 times, the worker exited with WorkerFailed,
+    and the tasks claimed with it waited out their lease. Now the task is dead, by its raw
+    id, with a reason naming the field, and the rest of its batch runs at once."""
+    for i in range(3):
+        queue.schedule("k", {"i": i}, task_id=f"before-{i}")
+    write(queue, tid, record)
+    for i in range(3):
+        queue.schedule("k", {"i": i}, task_id=f"after-{i}")
+    worker = Worker(queue, concurrency=4)
+    ran: list[str] = []
+    worker.handler("k")(lambda task: ran.append(task.id))
+    t0 = time.monotonic()
+    with run_worker(worker):
+        wait_for(lambda: len(ran) >= 6 and settled(queue), timeout=10)
+        took = time.monotonic() - t0
+    assert sorted(ran) == sorted(
+        [f"before-{i}" for i in range(3)] + [f"after-{i}" for i in range(3)]
+    )
+    assert took < 5, "the batch waited out a lease"
+    reason = dead_reason(queue, tid)
+    assert reason is not None and field in reason, reason
+    assert logs.trouble() == []
+    # The dead set shows it, the bytes that are not UTF-8 as \xNN.
+    dead = queue.dead()
+    assert [d.id for d in dead] == [tid.decode("utf-8", "backslashreplace")]
+    assert field in (dead[0].last_error or "")
+
+
+def test_the_dead_hooks_hear_of_a_task_id_that_is_not_utf8(
+    queue: Queue, run_worker: RunWorker
+) -> None:
+    write(queue, b"raw-\xff", GOOD)
+    worker = Worker(queue)
+    heard: list[tuple[str, str, Any]] = []
+    worker.handler("k")(lambda task: None)
+    worker.on_dead(lambda task_id, reason, task: heard.append((task_id, reason, task)))
+    with run_worker(worker):
+        wait_for(lambda: heard)
+    assert heard[0][0] == "raw-\\xff" and "task id" in heard[0][1] and heard[0][2] is None
+
+
+def test_drain_buries_a_task_id_that_is_not_utf8(server: EmbeddedServer, qname: str) -> None:
+    queue = Queue(qname, url=server.url, clock=VirtualClock())
+    write(queue, b"raw-\xff", GOOD)
+    queue.schedule("k", None, task_id="good")
+    worker = Worker(queue)
+    worker.handler("k")(lambda task: None)
+    result = drain(worker)
+    assert [r.task_id for r in result.ran] == ["good"]
+    assert "task id" in (dead_reason(queue, b"raw-\xff") or "")
+    queue.close()
+
+
+def test_the_claim_parse_sorts_any_row_into_a_task_or_an_unreadable_one() -> None:
+    """No server: claim's reply parse, given rows whose text fields hold any bytes, never
+    raises; a row is a task exactly when its id, kind and format are UTF-8."""
+    core = Queue("parse", url="redis://127.0.0.1:1/0").core  # builders only: never connects
+    op = leasing.claim(core, limit=10, lease_ms=1000)
+    head = [1_000_000, -1, -1, -1][: SCRIPTS["claim"].reply.head]
+
+    @given(
+        st.lists(
+            st.tuples(st.binary(max_size=8), st.binary(max_size=8), st.binary(max_size=4)),
+            max_size=6,
+        )
+    )
+    def check(rows: list[tuple[bytes, bytes, bytes]]) -> None:
+        reply: list[Any] = list(head)
+        for i, (tid, kind, fmt) in enumerate(rows):
+            reply += [tid, kind, 1, 0, i, 1000, 0, fmt, b"", b"{}"]
+        result = op.parse(reply)
+        readable = [r for r in rows if all(_utf8(b) for b in r)]
+        assert [c.id for c in result.tasks] == [r[0].decode() for r in readable]
+        assert [u.id for u in result.unreadable] == [r[0] for r in rows if r not in readable]
+        assert all("not valid UTF-8" in u.reason for u in result.unreadable)
+        tokens = [i for i, r in enumerate(rows) if r not in readable]
+        assert [u.token for u in result.unreadable] == tokens
+
+    check()
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
