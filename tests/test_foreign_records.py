@@ -6,6 +6,8 @@ commands (key names from ``delayq/keys.py``), as a program in another language c
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import threading
 import time
@@ -202,3 +204,62 @@ def _utf8(b: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+# -- finding 6: any field order gives the same Task -------------------------------------------
+
+HEADERS = [{"tenant": "acme", "trace": "00-ab"}, {"a": "}", "b": ',"c":9}', "c": "\\u00e9 é"}]
+
+
+def _header_texts(headers: dict[str, str]) -> Iterator[bytes]:
+    """The header of one task (kind k, max attempts 5, created 1, ``headers``) in every field
+    order, compact and with the whitespace JSON allows, and with unknown fields around."""
+    fields = {"k": "k", "m": 5, "c": 1, "h": headers}
+    for order in itertools.permutations(fields):
+        for sep, colon in ((",", ":"), (" , ", " : ")):
+            body = sep.join(
+                f"{json.dumps(f)}{colon}{json.dumps(fields[f], separators=(sep, colon))}"
+                for f in order
+            )
+            yield ("{" + body + "}").encode()
+            yield ("{ " + body + " }").encode()
+    # Unknown fields, before c, after h, and holding what the fast path looks for.
+    extra = ',"z":{"c":2,"h":{"x":"y"}},"y":[1,"}"]'
+    h = json.dumps(headers, separators=(",", ":"))
+    yield f'{{"k":"k","m":5{extra},"c":1,"h":{h}}}'.encode()
+    yield f'{{"k":"k","m":5,"c":1,"h":{h}{extra}}}'.encode()
+    yield f'{{"k":"k","m":5,"c":1{extra},"h":{h}}}'.encode()
+    yield f'{{"k":"k","m":5,"c":1,"h":{h},"q":{{}}}}'.encode()
+    yield f'{{"k":"k","m":5,"c":1,"h":{h}}}\r'.encode()  # whitespace after the object
+
+
+@pytest.mark.parametrize("headers", HEADERS, ids=["plain", "tricky"])
+def test_every_field_order_gives_the_same_task(
+    queue: Queue, run_worker: RunWorker, headers: dict[str, str]
+) -> None:
+    """Finding 6: a record with h before c lost its headers in the worker (get() showed
+    them): the fast path took the text before the first ',"c":<digits>}' as the kind's
+    fields. Every order the protocol allows, in the worker and in get(), gives one Task."""
+    texts = list(_header_texts(headers))
+    for i, text in enumerate(texts):
+        json.loads(text)  # (each is a valid header)
+        write(queue, b"r%d" % i, text + b'\n{"n":[1,2.5,"x"]}')
+    want = ("k", {"n": [1, 2.5, "x"]}, headers, 5)
+    for i in range(len(texts)):
+        info = queue.get(f"r{i}")
+        assert info is not None
+        assert (info.kind, info.payload, info.headers, info.max_attempts) == want, texts[i]
+    worker = Worker(queue, concurrency=8)
+    seen: dict[str, tuple[Any, ...]] = {}
+    worker.handler("k")(
+        lambda t: seen.__setitem__(t.id, (t.kind, t.payload, t.headers, t.max_attempts, t.attempt))
+    )
+    with run_worker(worker):
+        wait_for(lambda: len(seen) + queue.stats().dead == len(texts), timeout=20)
+    dead = {d.id: d.last_error for d in queue.dead()}
+    wrong = {
+        text: seen.get(f"r{i}", dead.get(f"r{i}"))
+        for i, text in enumerate(texts)
+        if seen.get(f"r{i}") != (*want, 1)
+    }
+    assert wrong == {}
