@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from delayq import Queue, Worker, leasing
@@ -263,3 +263,162 @@ def test_every_field_order_gives_the_same_task(
         if seen.get(f"r{i}") != (*want, 1)
     }
     assert wrong == {}
+
+
+# -- the class: any bytes, beside valid tasks -------------------------------------------------
+
+FIELDS = ("k", "m", "f", "c", "h", "x")
+raw_text = st.binary(max_size=12).map(
+    lambda b: b'"' + b.replace(b'"', b"") + b'"'
+)  # a string of any bytes
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+).map(lambda v: json.dumps(v).encode())
+field_value = (
+    raw_text
+    | json_value
+    | st.sampled_from([b'"k"', b'"json"', b'"msgpack"', b"5", b"1", b'{"a":"b"}', b"1e999", b"007"])
+)
+header_line = st.lists(st.tuples(st.sampled_from(FIELDS), field_value), max_size=6).map(
+    lambda fs: b"{" + b",".join(b'"' + f.encode() + b'":' + v for f, v in fs) + b"}"
+)
+payload = st.sampled_from([b'{"n":1}', b"null", b"[]", b""]) | st.binary(max_size=20)
+record = st.one_of(
+    st.binary(max_size=60),  # noise
+    st.tuples(header_line, payload).map(lambda t: t[0] + b"\n" + t[1]),
+    st.tuples(
+        st.sampled_from([b'{"k":"k","c":1', b'{"k":"k","m":2,"c":1', b'{"c":1,"k":"k"']),
+        field_value,
+        payload,
+    ).map(lambda t: t[0] + b',"h":' + t[1] + b"}\n" + t[2]),
+    st.binary(max_size=8).map(lambda b: b'{"k":"' + b + b'","c":1}\n{}'),  # the kind's bytes
+    st.binary(max_size=8).map(lambda b: b'{"k":"k","f":"' + b + b'","c":1}\n{}'),  # the format's
+)
+foreign = st.fixed_dictionaries(
+    {
+        "id": st.binary(max_size=10),
+        "record": record,
+        "score": st.sampled_from([float("-inf"), -1e300, -1.0, 0.0, 0.5])
+        | st.floats(0, 1e12, allow_nan=False),
+        "attempt": st.none()
+        | st.binary(max_size=16)
+        | st.sampled_from([b"1 2 3", b"9 99999999999999999999 x", b"0 5 -inf"]),
+    }
+)
+wake = st.binary(max_size=16) | st.sampled_from(
+    [
+        b"inf",
+        b"-inf",
+        b"nan",
+        b"1e400",
+        b"-1e400",
+        b"abort",
+        b"abort x y",
+        b"abort 1 \xff",
+        b"abort 99999999999999999999999 a",
+    ]
+)
+
+
+def test_any_bytes_another_program_writes_leave_the_worker_up(
+    server: EmbeddedServer, run_worker: RunWorker, logs: Records, qname: str
+) -> None:
+    """The class behind finding 2. Each example writes foreign tasks (any id bytes, any
+    record, any header fields, any attempts entry, any due time up to now) with raw commands
+    beside valid tasks scheduled through the API, and publishes any bytes on the wake
+    channel; one real worker serves through all the examples. Every valid task runs exactly
+    once, every foreign one runs or is dead with a reason, and no loop of the worker ever
+    fails."""
+    queue = Queue(qname, url=server.url, dedupe_window=3600)
+    keys = queue.core.keys
+    worker = Worker(queue, concurrency=8, lease=5)
+    ran: list[bytes] = []
+    lock = threading.Lock()
+
+    def handle(task: Any) -> None:
+        with lock:
+            ran.append(task.id.encode("utf-8", "surrogateescape"))
+
+    worker.handler("k", max_attempts=1)(handle)
+    examples = itertools.count()
+    deadline = time.monotonic() + 20
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(tasks=st.lists(foreign, min_size=1, max_size=8), messages=st.lists(wake, max_size=3))
+    def example(tasks: list[dict[str, Any]], messages: list[bytes]) -> None:
+        if time.monotonic() > deadline:
+            return  # bounded: the examples run so far have been checked
+        n = next(examples)
+        valid = [f"v{n}-{i}" for i in range(3)]
+        queue.schedule("k", {"i": 0}, task_id=valid[0], headers={"h": "v"})
+        ids = []
+        for i, t in enumerate(tasks):
+            tid = b"f%d-%d:" % (n, i) + t["id"]
+            ids.append(tid)
+            write(
+                queue,
+                tid,
+                t["record"],
+                score=min(t["score"], time.time() * 1000),
+                attempt=t["attempt"],
+            )
+        queue.schedule("k", None, task_id=valid[1])
+        for m in messages:
+            queue.client.publish(keys.wake_channel, m)
+        # As the schedule script announces a new head (the raw writes did not), or the
+        # worker would look only at its next periodic check.
+        queue.client.publish(keys.wake_channel, b"0")
+        queue.schedule("k", [1], task_id=valid[2], delay=0.01)
+        wait_for(lambda: settled(queue) and all(v.encode() in ran for v in valid), timeout=15)
+        with lock:
+            counts = {v: ran.count(v.encode()) for v in valid}
+            foreign_ran = {tid for tid in ids if tid in ran}
+        assert counts == dict.fromkeys(valid, 1), counts
+        for tid, t in zip(ids, tasks, strict=True):
+            reason = dead_reason(queue, tid)
+            assert tid in foreign_ran or reason, (tid, t)
+            assert not (tid in foreign_ran and reason), (tid, t, reason)
+        assert logs.trouble() == [], (tasks, messages)
+
+    with run_worker(worker) as w:
+        example()
+    assert w is worker and logs.trouble() == []
+    queue.close()
+
+
+# -- the cron path: what it reads of other programs ------------------------------------------
+
+
+def test_foreign_registrations_and_schedules_do_not_stop_the_cron_pass(
+    queue: Queue, run_worker: RunWorker, logs: Records
+) -> None:
+    """A worker's cron pass reads every stored schedule and every worker's registration. A
+    registration another program wrote ("beat": "x") made the start-up pass raise, so the
+    worker never declared its schedules and never started its cron ticker."""
+    keys = queue.core.keys
+    now = time.time() * 1000
+    for wid, info in [
+        (b"w-\xff", b"[1,2]"),
+        (b"w-text", b'{"beat":"x","pid":"y","kinds":5,"started":"z","concurrency":1e999}'),
+        (b"w-junk", b"\xff{"),
+    ]:
+        queue.client.hset(keys.workers, wid, info)
+        queue.client.zadd(keys.workers_seen, {wid: now})
+    queue.client.hset(keys.cron, b"sched-\xff", b"junk")
+    queue.client.hset(keys.cron, b"odd", b'{"kind":5,"spec":[],"next":"x","next_id":7}')
+    worker = Worker(queue)
+    worker.every(3600, name="hourly")(lambda: None)
+    with run_worker(worker):
+        wait_for(lambda: any(s.name == "hourly" and s.next_at for s in queue.schedules()))
+    assert not [r for r in logs.records if r.levelno >= logging.ERROR], logs.records
+    assert {w.id for w in queue.workers()} >= {"w-\\xff", "w-text", "w-junk"}
