@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
+from delayq import check
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
     Attempt,
@@ -31,7 +32,7 @@ from delayq.codec import (
     record_prefix,
     split_record,
 )
-from delayq.errors import InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
@@ -373,12 +374,8 @@ def validate_kind(kind: Any) -> str:
 
 def validate_max_attempts(value: Any) -> int:
     """0 (the handler's limit) or 1 .. MAX_ATTEMPTS."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ATTEMPTS:
-        raise InvalidTaskError(
-            f"max_attempts must be a whole number from 0 (the handler's limit) to "
-            f"{MAX_ATTEMPTS:,}, got {value!r}"
-        )
-    return value
+    hint = " (0: the handler's limit)"
+    return check.whole(value, "max_attempts", 0, MAX_ATTEMPTS, error=InvalidTaskError, hint=hint)
 
 
 def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
@@ -398,8 +395,10 @@ def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
 
 
 def as_str(value: Any) -> str:
-    """A reply's value as text (replies come as bytes; tests may pass str)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply's value as text (replies come as bytes; tests may pass str). What delayq writes
+    is UTF-8; bytes another program wrote that are not show as ``\\xNN`` (a dead task buried
+    by its raw id, say), rather than fail the whole reply."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def as_bytes(value: Any) -> bytes:
@@ -430,16 +429,17 @@ class QueueCore:
         shards: int = 1,
         clock: Clock | None = None,
     ) -> None:
-        self.name = validate_queue_name(name)
+        try:
+            self.name = validate_queue_name(name)
+        except ValueError as e:  # (keys.py knows no delayq error: errors.py needs it)
+            raise ConfigurationError(str(e)) from None
         self.shard = shard
-        self.keys = QueueKeys(shard_name(name, shard, shards), prefix)
+        self.keys = QueueKeys(shard_name(name, shard, shards), check.text(prefix, "prefix"))
         self.codec: Codec = get_codec(codec)
         self.codecs: dict[str, Codec] = {self.codec.name: self.codec}
-        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
-            raise InvalidTaskError(
-                f"max_payload must be a positive byte count, got {max_payload!r}"
-            )
-        self.max_payload = max_payload
+        self.max_payload = check.whole(
+            max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
+        )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
@@ -760,7 +760,10 @@ class QueueCore:
         done oldest first, dead most recent first). Rows stay undecoded (see
         :meth:`seek_info`): a sharded queue's merge decodes only the rows it keeps."""
         if state not in SEEK_STATES:
-            raise InvalidTaskError(f"a page shows one of {', '.join(SEEK_STATES)}, not {state!r}")
+            raise InvalidTaskError(
+                f"a page shows one of {', '.join(SEEK_STATES)}: state={state!r:.200} is none "
+                "of them"
+            )
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SEEK:
             raise InvalidTaskError(f"a page needs 1 <= limit <= {MAX_SEEK}, got {limit!r}")
         score, tid = after if after is not None else ("", "")
@@ -827,25 +830,39 @@ class QueueCore:
 
 
 def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str) -> WorkerInfo:
-    """A registration as stored by the worker (JSON), tolerant of missing fields."""
+    """A registration as stored by the worker (JSON), tolerant of missing fields and of
+    whatever another program wrote there: a field that cannot be read keeps its default (a
+    worker's cron pass reads every registration, and one must not stop it)."""
     try:
         data = json.loads(info) if info else {}
     except ValueError:
         data = {}
-    beat = float(data.get("beat", 10.0))
-    started = data.get("started")
+    if not isinstance(data, dict):
+        data = {}
+    beat = _number(data.get("beat"), 10.0)
+    started = _number(data.get("started"), 0.0)
+    kinds = data.get("kinds")
     return WorkerInfo(
         id=tid,
         queue=queue,
         host=str(data.get("host", "?")),
-        pid=int(data.get("pid", 0)),
-        concurrency=int(data.get("concurrency", 0)),
-        in_flight=int(data.get("in_flight", 0)),
-        kinds=[str(k) for k in data.get("kinds", [])],
-        started_at=ms_to_datetime(float(started) * 1000) if started else None,
+        pid=int(_number(data.get("pid"), 0)),
+        concurrency=int(_number(data.get("concurrency"), 0)),
+        in_flight=int(_number(data.get("in_flight"), 0)),
+        kinds=[str(k) for k in kinds] if isinstance(kinds, list) else [],
+        started_at=ms_to_datetime(started * 1000) if started else None,
         last_seen=ms_to_datetime(seen_ms),
         alive=now_ms - seen_ms <= 3 * beat * 1000,
     )
+
+
+def _number(value: Any, default: float) -> float:
+    """A finite number of a registration (JSON), else ``default``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+        if number - number == 0:  # (not inf or nan)
+            return number
+    return default
 
 
 def _state(state: str) -> State:

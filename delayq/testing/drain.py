@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from delayq import leasing
+from delayq import check, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.core import QueueCore, as_str
@@ -31,6 +31,7 @@ from delayq.runner import AsyncRunner
 from delayq.task import Task, TaskInfo
 from delayq.testing.clock import VirtualClock, ms_of
 from delayq.timing import ms_to_datetime
+from delayq.worker import unreadable
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, outcome_op
 from delayq.worker.threads import HandlerThreads
@@ -107,6 +108,7 @@ class Drained:
 
     def by_kind(self, kind: str) -> list[Ran]:
         """The attempts of tasks of ``kind`` (a cron schedule's are ``cron:<name>``)."""
+        check.text(kind, "kind")
         return [r for r in self.ran if r.kind == kind]
 
     def __iter__(self) -> Iterator[Ran]:
@@ -135,6 +137,9 @@ class InlineThreads(HandlerThreads):
 
 
 def _clock_of(worker: Worker) -> VirtualClock:
+    from delayq.worker.worker import Worker  # (on first use, as delayq.worker imports it)
+
+    check.instance(worker, "worker", Worker, "the Worker whose tasks to run")
     if len(worker.queues) > 1:
         names = ", ".join(repr(q.name) for q in worker.queues)
         raise ConfigurationError(
@@ -220,6 +225,8 @@ class _Drain:
             for core in cores:
                 claim = leasing.claim(core, limit=BATCH, lease_ms=LEASE_MS)
                 result = await runner.run(claim)
+                if result.unreadable:  # another program's rows, not UTF-8: buried at once
+                    await unreadable.bury(runner, core, executor, result.unreadable)
                 due = result.next_due_ms
                 if result.next_token_ms is not None:  # a rate limit holds the rest till then
                     due = max(due or 0, result.next_token_ms)
@@ -295,6 +302,7 @@ async def adrain(
     raise_errors: bool = False,
 ) -> Drained:
     """``drain`` for asyncio tests: the same, on the running event loop."""
+    check.flag(raise_errors, "raise_errors")
     clock = _clock_of(worker)
     target = _target_ms(clock, until)
     return await _Drain(worker, clock, raise_errors).run(target)
@@ -321,6 +329,8 @@ def drain(
     Called from blocking code; from a coroutine, ``await adrain(...)``. On-startup hooks
     run at the start of each drain.
     """
+    check.flag(raise_errors, "raise_errors")
+    _target_ms(_clock_of(worker), until)  # (a wrong worker or until: refused before a loop)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

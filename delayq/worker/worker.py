@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from delayq import controls, hooks, leasing
+from delayq import check, controls, hooks, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.cron.worker import Schedules
@@ -36,6 +36,7 @@ from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
+from delayq.worker import unreadable
 from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock, loop_clock
@@ -44,6 +45,12 @@ from delayq.worker.context import StartupHook, WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
+from delayq.worker.options import (
+    checked_client,
+    checked_concurrency,
+    checked_hook,
+    checked_lease,
+)
 from delayq.worker.outcome import Finisher, Outcome
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
 from delayq.worker.runs import Runs
@@ -65,8 +72,6 @@ log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
 WORKER_SOCKET_TIMEOUT_S = 5.0
-# One handler thread per slot is started up front: beyond this, more processes serve better.
-MAX_CONCURRENCY = 10_000
 # A claim held back by the rate limit looks again when its next token is there, but no
 # sooner than this: a throttled worker takes a few tokens a claim, not one (at 100/s, 20
 # claims a second of 5 tasks, rather than 100 of one).
@@ -81,26 +86,6 @@ CLAIM_STEP_S = 0.002
 # A look is unprompted when nothing is known due at a source sooner than this past the
 # lookahead; tasks it claims were then announced to nobody (Worker._announced_to_nobody).
 UNPROMPTED_S = 0.1
-
-
-def _checked_concurrency(concurrency: int) -> int:
-    if (
-        isinstance(concurrency, bool)
-        or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= MAX_CONCURRENCY
-    ):
-        raise ConfigurationError(
-            f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,} (it is also the "
-            f"number of handler threads), got {concurrency!r}"
-        )
-    return concurrency
-
-
-def _checked_lease(lease: float | timedelta) -> float:
-    lease_s = config_seconds(lease, "lease")
-    if lease_s < 1:
-        raise ConfigurationError(f"lease must be at least 1 second, got {lease_s}")
-    return lease_s
 
 
 class Worker:
@@ -157,13 +142,13 @@ class Worker:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
         self.core = self.queue.core
-        self.concurrency = _checked_concurrency(concurrency)
-        self.lease_s = _checked_lease(lease)
+        self.concurrency = checked_concurrency(concurrency)
+        self.lease_s = checked_lease(lease)
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
         self.max_wait_s = config_seconds(max_wait, "max_wait")
-        self._client_arg = client
-        self.freeze_gc = freeze_gc
+        self._client_arg = checked_client(client)
+        self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
         # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
         self.registries = [Registry() for _ in self.queues]
         self.registry = self.registries[0]
@@ -178,7 +163,8 @@ class Worker:
         self._ctx: WorkerContext | None = None
         self.clock = ServerClock()
         self.events = Events()
-        self.expiry = ExpiryWatcher(configure=configure_notifications)
+        configure = check.flag(configure_notifications, "configure_notifications")
+        self.expiry = ExpiryWatcher(configure=configure)
         self._expiry_lane: int | None = None  # the queue whose keys on_expire watches
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
@@ -362,14 +348,18 @@ class Worker:
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
-        self.events.listeners.append(listener)
+        self.events.listeners.append(
+            checked_hook(listener, "add_listener(listener)", "a TaskEvent")
+        )
 
     def on_startup(
         self, fn: Callable[[Worker], Awaitable[None]]
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self._startup.append(_WorkerHook(fn, self))
+        self._startup.append(
+            _WorkerHook(checked_hook(fn, "on_startup(fn)", "async, the worker"), self)
+        )
         return fn
 
     @property
@@ -413,7 +403,7 @@ class Worker:
 
     def on_dead(self, fn: HandlerFn) -> HandlerFn:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
-        self.registry.on_dead.append(fn)
+        self.registry.on_dead.append(checked_hook(fn, "on_dead(fn)", "task_id, reason, task"))
         return fn
 
     def configure(
@@ -424,11 +414,11 @@ class Worker:
         if self._loop is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
-        most = self.concurrency if concurrency is None else _checked_concurrency(concurrency)
+        most = self.concurrency if concurrency is None else checked_concurrency(concurrency)
         for registry in self.registries:
             for kind, cap in registry.caps().items():
                 controls.checked_concurrency(kind, cap, most)
-        lease_s = self.lease_s if lease is None else _checked_lease(lease)
+        lease_s = self.lease_s if lease is None else checked_lease(lease)
         self.concurrency, self.lease_s = most, lease_s
 
     # -- serving ----------------------------------------------------------------------------
@@ -510,6 +500,7 @@ class Worker:
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
+        check.flag(install_signals, "install_signals")
         self.middleware_in_use()  # a bad process-wide middleware: refused before connecting
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -855,6 +846,10 @@ class Worker:
                 self._registered[source.lane].full_at = -REREGISTER_EVERY_S
             raise
         self.clock.observe(result.now_us / 1000, sent, self._now())
+        if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
+            await unreadable.bury(
+                self.runner, core, self.runs.executors[source.lane], result.unreadable
+            )
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
@@ -906,7 +901,7 @@ class Worker:
             try:
                 stored = await self.runner.run(unchecked[0].shards.check_op())
             except ConnectionFailed as e:
-                log.warning("cannot read the queue's shard count (%s); retrying", e)
+                log.warning("%s; retrying", e)  # the error says it first: cannot reach Redis
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
