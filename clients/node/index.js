@@ -379,6 +379,13 @@ class Queue {
     checkProtocol(this.name, protocol);
     if (count === 0) return protocol; // a read, and nothing stored yet: check again next time
     if (this.stored) {
+      if (!(Number.isInteger(count) && count >= 1 && count <= MANIFEST.max_shards)) {
+        throw new ConfigurationError(
+          `queue '${this.name}' stored a shard count of ${count}, not one from 1 to the ` +
+            `protocol's max_shards (${MANIFEST.max_shards}): no delayq process opens it; its key ` +
+            `${this.key(this.name, 'shards')} was not written by delayq`
+        );
+      }
       this.n = count;
       this.stored = false;
     } else if (count !== this.n) {
