@@ -36,6 +36,7 @@ from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
+from delayq.worker import unreadable
 from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock, loop_clock
@@ -845,6 +846,10 @@ class Worker:
                 self._registered[source.lane].full_at = -REREGISTER_EVERY_S
             raise
         self.clock.observe(result.now_us / 1000, sent, self._now())
+        if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
+            await unreadable.bury(
+                self.runner, core, self.runs.executors[source.lane], result.unreadable
+            )
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self._to_loop(result.next_due_ms)
@@ -896,7 +901,7 @@ class Worker:
             try:
                 stored = await self.runner.run(unchecked[0].shards.check_op())
             except ConnectionFailed as e:
-                log.warning("cannot read the queue's shard count (%s); retrying", e)
+                log.warning("%s; retrying", e)  # the error says it first: cannot reach Redis
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
