@@ -263,7 +263,7 @@ def test_schedule_names_are_unique_per_worker_and_default_to_the_function(
     offline_worker: Worker,
 ) -> None:
     offline_worker.every(minutes=5)(nightly)
-    assert "cron:tests.test_cron.nightly" in offline_worker.registry.kinds()
+    assert "cron:tests.test_cron.nightly" in offline_worker.lanes[0].registry.kinds()
 
     def nested(task: Task) -> None: ...
 

@@ -40,23 +40,15 @@ from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
 from delayq.worker.clock import ServerClock, loop_clock
 from delayq.worker.collector import freeze_once
-from delayq.worker.context import StartupHook, WorkerContext
+from delayq.worker.context import WorkerContext
 from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
-from delayq.worker.outcome import Finisher, Outcome
-from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
+from delayq.worker.lane import REGISTER_EVERY_S, Lane, QueueLike, checked_queues
+from delayq.worker.outcome import Finisher
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 from delayq.worker.runs import Runs
-from delayq.worker.sources import (
-    REGISTER_EVERY_S,
-    REREGISTER_EVERY_S,
-    QueueLike,
-    Registration,
-    Source,
-    checked_queues,
-    interleave,
-    interleave_lanes,
-)
+from delayq.worker.sources import Source, interleave, interleave_lanes
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 from delayq.worker.waker import Waker
@@ -164,11 +156,11 @@ class Worker:
         self.max_wait_s = config_seconds(max_wait, "max_wait")
         self._client_arg = client
         self.freeze_gc = freeze_gc
-        # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
-        self.registries = [Registry() for _ in self.queues]
-        self.registry = self.registries[0]
-        for r in self.registries[1:]:
-            r.on_dead = self.registry.on_dead
+        # One lane per queue: its registry (the lanes share the on_dead hooks), start-up
+        # hooks (on_startup's go with the first), registration and, serving, its parts.
+        self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
+        for lane in self.lanes[1:]:
+            lane.registry.on_dead = self.lanes[0].registry.on_dead
         self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
         self._stopping: asyncio.Event | None = None  # events are made on the serving loop
         self._force: asyncio.Event | None = None
@@ -182,15 +174,10 @@ class Worker:
         self._expiry_lane: int | None = None  # the queue whose keys on_expire watches
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
-        # Run in order once serving has begun: on_startup's and the extensions' own (cron),
-        # per queue (each awaited with its queue's context; on_startup's go with the first).
-        self._startups: list[list[StartupHook]] = [[] for _ in self.queues]
-        self._startup = self._startups[0]
         self._schedules: dict[int, Schedules] = {}
         self._middleware: list[Middleware] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
-        self._registered = [Registration() for _ in self.queues]
         # Per source: until when (loop time) the rate limit holds its claims back. Neither a
         # poke (a handler finished) nor a wake-up ends it: a claim could take no more (and
         # a claim's own wake-up would wake this worker again).
@@ -239,12 +226,12 @@ class Worker:
 
         def register(fn: HandlerFn) -> HandlerFn:
             handler = make_handler(kind, fn, **options)
-            taken = [self.queues[i].name for i in lanes if self.registries[i].get(kind)]
+            taken = [self.queues[i].name for i in lanes if self.lanes[i].registry.get(kind)]
             if taken:  # checked first: nothing half-registered
                 where = f" on queue {taken[0]!r}" if len(self.queues) > 1 else ""
                 raise ConfigurationError(f"a handler for {kind!r} is already registered{where}")
             for i in lanes:
-                self.registries[i].add(handler)
+                self.lanes[i].registry.add(handler)
             return fn
 
         return register
@@ -298,7 +285,7 @@ class Worker:
                 f"{self.queues[self._expiry_lane].name!r}: a worker watches the keys of one "
                 "queue (run another worker for the other queue's keys)"
             )
-        registry = self.registries[lane]
+        registry = self.lanes[lane].registry
 
         def register(fn: ExpireFn) -> ExpireFn:
             self._expiry_lane = lane
@@ -342,7 +329,7 @@ class Worker:
         one)."""
         lane = self._one_lane(queue, what)
         if lane not in self._schedules:
-            self._schedules[lane] = Schedules(self.registries[lane], self._startups[lane])
+            self._schedules[lane] = Schedules(self.lanes[lane].registry, self.lanes[lane].startup)
         return self._schedules[lane]
 
     def middleware(self, fn: Middleware) -> Middleware:
@@ -369,30 +356,18 @@ class Worker:
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self._startup.append(_WorkerHook(fn, self))
+        self.lanes[0].startup.append(_WorkerHook(fn, self))
         return fn
 
     @property
     def startup(self) -> list[Callable[[Worker], Awaitable[None]]]:
         """The functions given to :meth:`on_startup`, in order (a copy)."""
-        return [h.fn for h in self._startup if isinstance(h, _WorkerHook)]
+        return [h.fn for h in self.lanes[0].startup if isinstance(h, _WorkerHook)]
 
-    def _registration_due(self, lane: int = 0) -> tuple[str, str]:
-        """Register with this claim only every REGISTER_EVERY_S, and send the registration
-        itself only when it changed (or once a minute): an idle worker's registration is
-        then one ZADD with each of its looks (every max_wait, at most every
-        REGISTER_EVERY_S)."""
-        now = time.monotonic()
-        reg = self._registered[lane]
-        if now - reg.at < REGISTER_EVERY_S:
-            return "", ""
-        reg.at = now
-        # (lane 0 as registration() always was called: subclasses may override it)
-        info = self.registration(lane) if lane else self.registration()
-        if info == reg.info and now - reg.full_at < REREGISTER_EVERY_S:
-            return self.id, ""
-        reg.info, reg.full_at = info, now
-        return self.id, info
+    def _registration_of(self, lane: Lane) -> Callable[[], str]:
+        """:meth:`registration` on ``lane`` (the first as it always was called: a subclass
+        may override it)."""
+        return functools.partial(self.registration, lane.index) if lane.index else self.registration
 
     def registration(self, lane: int = 0) -> str:
         """What this worker publishes about itself on every claim and heartbeat (on the
@@ -403,7 +378,7 @@ class Worker:
                 "pid": os.getpid(),
                 "concurrency": self.concurrency,
                 "in_flight": self.runs.busy if self._ctx is not None else 0,
-                "kinds": self.registries[lane].kinds(),
+                "kinds": self.lanes[lane].registry.kinds(),
                 "started": round(self._started_at, 3),
                 # Registrations arrive at least this often; three missed ones mean dead.
                 "beat": round(max(REGISTER_EVERY_S, self.max_wait_s, self.lease_s / 3), 3),
@@ -413,7 +388,7 @@ class Worker:
 
     def on_dead(self, fn: HandlerFn) -> HandlerFn:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
-        self.registry.on_dead.append(fn)
+        self.lanes[0].registry.on_dead.append(fn)
         return fn
 
     def configure(
@@ -425,8 +400,8 @@ class Worker:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
         most = self.concurrency if concurrency is None else _checked_concurrency(concurrency)
-        for registry in self.registries:
-            for kind, cap in registry.caps().items():
+        for lane in self.lanes:
+            for kind, cap in lane.registry.caps().items():
                 controls.checked_concurrency(kind, cap, most)
         lease_s = self.lease_s if lease is None else _checked_lease(lease)
         self.concurrency, self.lease_s = most, lease_s
@@ -461,8 +436,8 @@ class Worker:
         """What the claim loop claims from, in order: each queue's shards, queue by queue."""
         return [
             Source(lane, shard, core)
-            for lane, q in enumerate(self.queues)
-            for shard, core in enumerate(q.shards.cores)
+            for lane in self.lanes
+            for shard, core in enumerate(lane.queue.shards.cores)
         ]
 
     def context(
@@ -494,15 +469,16 @@ class Worker:
                 threads=threads,
                 clock=self.clock,
                 stopping=stopping,
-                registry=self.registries[lane],
-                startup=self._startups[lane],
+                registry=lane.registry,
+                startup=lane.startup,
                 events=self.events,
                 waker=waker,
                 supervisor=self.supervisor,
                 worker_id=self.id,
                 middleware=middleware,
             )
-            for lane, q in enumerate(self.queues)
+            for lane in self.lanes
+            for q in (lane.queue,)
         ]
         # The bell: the waker's channel, or one per primary (one queue's keys are watched).
         self.expiry.attach(ctxs[self._expiry_lane or 0])
@@ -551,11 +527,11 @@ class Worker:
             )
             if self._stop_requested.is_set():
                 self._begin_stop()
-            for q, registry in zip(self.queues, self.registries, strict=True):
+            for lane in self.lanes:
                 log.info(
                     "worker on queue %r: kinds %s, concurrency %d",
-                    q.name,
-                    registry.kinds(),
+                    lane.name,
+                    lane.registry.kinds(),
                     self.concurrency,
                 )
             await claim_loop
@@ -579,71 +555,60 @@ class Worker:
             raise self.supervisor.failed
 
     def _build(self, ctxs: list[WorkerContext]) -> None:
-        """The engine's parts: per queue a Finisher, an Executor and a heartbeat; one Runs."""
+        """The engine's parts: one Runs; per lane an Executor, a Finisher and a heartbeat."""
         self._source_lanes = [s.lane for s in self.sources()]
-        self.finishers = [
-            Finisher(
-                c.shards,
-                self.runner,
-                functools.partial(self._written, lane),
-                functools.partial(self._dropped, lane),
-            )
-            for lane, c in enumerate(ctxs)
-        ]
-        self.finisher = self.finishers[0]
-        self.executors = [Executor(c) for c in ctxs]
-        self.executor = self.executors[0]
         self.runs = Runs(
-            self.executor,
-            self.finisher,
             self._to_loop,
             self.waker.poke,
             concurrency=self.concurrency,
             lookahead=self.lookahead_s,
-            caps=self.registry.caps(),
         )
         loop = asyncio.get_running_loop()
         self._now, self.runs.timer_margin = loop_clock(loop)
         self.runs.now = self._now
         self.runs.alarm = make_alarm(loop)
-        for executor, finisher, registry in zip(
-            self.executors[1:], self.finishers[1:], self.registries[1:], strict=True
-        ):
-            self.runs.add_lane(executor, finisher, registry.caps())
-        self.heartbeats = [
-            Heartbeat(
-                c.shards,
-                self.runner,
-                self.runs.leases_of[lane],
-                round(self.lease_s * 1000),
-                max(self.lease_s / 3, 0.2),
-                functools.partial(self._leases_lost, lane),
-                self.id,
-                functools.partial(self.registration, lane) if lane else self.registration,
-                self._holds_leases if len(ctxs) > 1 else None,
+        several = len(self.lanes) > 1
+        for lane, c in zip(self.lanes, ctxs, strict=True):
+            lane.open(
+                c,
+                Executor(c),
+                Finisher(
+                    c.shards,
+                    self.runner,
+                    functools.partial(self.runs.written, lane),
+                    functools.partial(self.runs.dropped, lane),
+                ),
+                Heartbeat(
+                    c.shards,
+                    self.runner,
+                    lane.leases,
+                    round(self.lease_s * 1000),
+                    max(self.lease_s / 3, 0.2),
+                    functools.partial(self.runs.leases_lost, lane),
+                    self.id,
+                    self._registration_of(lane),
+                    self._holds_leases if several else None,
+                ),
             )
-            for lane, c in enumerate(ctxs)
-        ]
-        self.heartbeat = self.heartbeats[0]
-        # A running task aborted (queue.abort): told on the wake channel, or found by the
-        # heartbeat when the message was missed.
-        if len(ctxs) == 1:
-            self.waker.on_abort = self.heartbeat.on_aborted = self.runs.abort
-        else:
+            self.runs.add_lane(lane)
+            # A running task aborted (queue.abort): found by the heartbeat when the wake
+            # channel's message was missed.
+            lane.heartbeat.on_aborted = functools.partial(self.runs.abort, lane)
+        # ... or told on the wake channel.
+        if several:
             self.waker.on_abort = self._heard_abort
-            for lane, heartbeat in enumerate(self.heartbeats):
-                heartbeat.on_aborted = functools.partial(self.runs.abort, lane=lane)
+        else:
+            self.waker.on_abort = functools.partial(self.runs.abort, self.lanes[0])
 
     def _start_loops(self, ctxs: list[WorkerContext]) -> None:
         """The waker, each queue's finisher and heartbeat, the expiry bells: supervised."""
         ctx = ctxs[0]
         several = len(ctxs) > 1
         ctx.supervise("waker", self.waker.run)
-        parts = zip(self.queues, self.finishers, self.heartbeats, strict=True)
-        for q, finisher, heartbeat in parts:
-            suffix = f" ({q.name})" if several else ""
-            ctx.supervise("finisher" + suffix, finisher.run)
-            ctx.supervise("heartbeat" + suffix, heartbeat.run)
+        for lane in self.lanes:
+            suffix = f" ({lane.name})" if several else ""
+            ctx.supervise("finisher" + suffix, lane.finisher.run)
+            ctx.supervise("heartbeat" + suffix, lane.heartbeat.run)
         for name, bell_loop in self.expiry.loops():
             ctx.supervise(name, bell_loop)
 
@@ -659,20 +624,10 @@ class Worker:
 
     def _heard_abort(self, task_id: str, token: int) -> None:
         """An abort message on a source's wake channel: the run of that queue stops."""
-        lane = self._source_lanes[self.waker.heard_from]
-        self.runs.abort(task_id, token, lane=lane)
+        self.runs.abort(self._source_lanes[self.waker.heard_from], task_id, token)
 
     def _holds_leases(self) -> bool:
-        return any(self.runs.leases_of)
-
-    def _written(self, lane: int, outcomes: list[Outcome], refused: set[str]) -> None:
-        self.runs.written(outcomes, refused, lane)
-
-    def _dropped(self, lane: int, outcomes: list[Outcome]) -> None:
-        self.runs.dropped(outcomes, lane)
-
-    def _leases_lost(self, lane: int, lost: list[tuple[str, int]]) -> None:
-        self.runs.leases_lost(lost, lane)
+        return any(lane.leases for lane in self.lanes)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_signal() -> None:
@@ -745,7 +700,7 @@ class Worker:
             # Each source visited gets its share, and their tasks start interleaved: a batch
             # claimed ahead from one source must not run before every other source's tasks.
             share = -(-free // max(len(visit), 1))
-            batches: list[tuple[int, list[Claimed]]] = []
+            batches: list[tuple[Lane, list[Claimed]]] = []
             for i in visit:
                 seen_at[i] = loop.time()
                 limit = min(share, free)
@@ -765,23 +720,23 @@ class Worker:
                     continue
                 backoff[i] = 0.1
                 lead[i] = streaming_lead if got else self.lookahead_s
-                if lone and got and not self.runs.caps_of[sources[i].lane]:
+                if lone and got and not sources[i].lane.caps:
                     self._announced_to_nobody(sources[i], got)
                 batches.append((sources[i].lane, got))
                 free -= len(got)
                 full = full or len(got) >= limit  # a full batch: more may be due right now
                 if free <= 0:
                     break
-            if len(batches) == 1 and batches[0][0] == 0:
-                self.runs.start_many(batches[0][1], self.clock.server_now_ms)
+            if len(batches) == 1:
+                self.runs.start_many(batches[0][0], batches[0][1], self.clock.server_now_ms)
             elif batches:
-                if all(lane == 0 for lane, _ in batches):  # a sharded queue's
-                    self.runs.start_many(
-                        interleave([got for _, got in batches]), self.clock.server_now_ms
-                    )
+                first = batches[0][0]
+                if all(lane is first for lane, _ in batches):  # a sharded queue's
+                    tasks = interleave([got for _, got in batches])
+                    self.runs.start_many(first, tasks, self.clock.server_now_ms)
                 else:
                     tasks, lanes = interleave_lanes(batches)
-                    self.runs.start_many(tasks, self.clock.server_now_ms, lanes)
+                    self.runs.start_many(lanes, tasks, self.clock.server_now_ms)
             if full:
                 continue
             # Every task due within the lookahead was taken: a freed slot changes nothing
@@ -814,9 +769,9 @@ class Worker:
 
     def _where(self, source: Source) -> str:
         """Which source a log line is about ("" for the only one)."""
-        shard = f" shard {source.shard}" if self.queues[source.lane].shards.n > 1 else ""
-        if len(self.queues) > 1:
-            return f" on queue {self.queues[source.lane].name!r}{shard}"
+        shard = f" shard {source.shard}" if source.lane.queue.shards.n > 1 else ""
+        if len(self.lanes) > 1:
+            return f" on queue {source.lane.name!r}{shard}"
         return f" on{shard}" if shard else ""
 
     async def _claim_from(
@@ -825,14 +780,19 @@ class Worker:
         source: Source,
         free: int,
         lease_ms: int,
-        pending: list[tuple[int, list[Claimed]]] | None = None,
+        pending: list[tuple[Lane, list[Claimed]]] | None = None,
     ) -> tuple[float, list[Claimed]]:
         """Claim up to ``free`` tasks from source ``i``; returns (loop time the source next
         needs a look, the tasks claimed). Registration rides on each queue's home shard.
         ``pending``: tasks claimed from other sources in this pass, not yet started (they
         use kinds' rooms)."""
         core = source.core
-        worker, info = self._registration_due(source.lane) if source.shard == 0 else ("", "")
+        lane = source.lane
+        worker, info = (
+            lane.registration.due(self.id, self._registration_of(lane))
+            if source.shard == 0
+            else ("", "")
+        )
         sent = self._now()
         try:
             result = await self.runner.run(
@@ -843,16 +803,12 @@ class Worker:
                     lookahead_ms=round(self.lookahead_s * 1000),
                     worker=worker,
                     worker_info=info,
-                    rooms=(
-                        self._kind_rooms(source.lane, pending)
-                        if self.runs.caps_of[source.lane]
-                        else ()
-                    ),
+                    rooms=self._kind_rooms(lane, pending) if lane.caps else (),
                 )
             )
         except DelayqError:
             if info:  # not stored: send it again
-                self._registered[source.lane].full_at = -REREGISTER_EVERY_S
+                lane.registration.unsent()
             raise
         self.clock.observe(result.now_us / 1000, sent, self._now())
         next_at = math.inf
@@ -866,17 +822,19 @@ class Worker:
             next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
         return next_at, result.tasks
 
-    def _kind_rooms(self, lane: int, pending: list[tuple[int, list[Claimed]]] | None) -> list[Any]:
+    def _kind_rooms(
+        self, lane: Lane, pending: list[tuple[Lane, list[Claimed]]] | None
+    ) -> list[Any]:
         """Claim's per-kind rooms on the queue of ``lane``: each capped kind's cap less the
         runs of it held and those claimed in this pass (``pending``) on that queue."""
-        held = self.runs.held_of_kind(lane)
+        held = lane.held_of_kind()
         for from_lane, batch in pending or ():
             if from_lane != lane:
                 continue
             for c in batch:
                 if c.header.kind in held:
                     held[c.header.kind] += 1
-        return controls.kind_rooms(self.runs.caps_of[lane], held)
+        return controls.kind_rooms(lane.caps, held)
 
     def _throttled(self, source: int, token_ms: int, next_at: float) -> float:
         """Due tasks wait for the rate limit's next token (server ms): the loop time to look
@@ -926,13 +884,13 @@ class Worker:
         await self.runs.cancel_running()
         try:
             await asyncio.wait_for(
-                asyncio.gather(*(f.drained() for f in self.finishers)), timeout=10
+                asyncio.gather(*(lane.finisher.drained() for lane in self.lanes)), timeout=10
             )
         except TimeoutError:
             log.error(
                 "could not write %d results before exiting; their leases will expire "
                 "and the tasks run again",
-                sum(f.pending for f in self.finishers),
+                sum(lane.finisher.pending for lane in self.lanes),
             )
         with contextlib.suppress(DelayqError):
             await self.runner.run_many([leasing.unregister(q.core, self.id) for q in self.queues])
