@@ -14,8 +14,8 @@ import pytest
 from delayq import Discard, Fail, Queue, Retry, Task, TaskSpec, Worker, leasing
 from delayq.codec import encode_record
 from delayq.runner import SyncRunner
+from delayq.worker.claimer import CLAIM_STEP_S
 from delayq.worker.outcome import WRITE_EVERY_S
-from delayq.worker.worker import CLAIM_STEP_S
 
 from .support.helpers import wait_for
 

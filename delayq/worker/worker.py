@@ -13,7 +13,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -32,12 +31,12 @@ from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
 from delayq.expiring.ops import EXPIRE_KIND
 from delayq.expiring.worker import ExpireFn, ExpiryWatcher
 from delayq.hooks import Middleware
-from delayq.leasing import Claimed
 from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
 from delayq.worker.alarm import make_alarm
 from delayq.worker.checks import check_eviction
+from delayq.worker.claimer import Claimer, Source, sources_of
 from delayq.worker.clock import ServerClock, loop_clock
 from delayq.worker.collector import freeze_once
 from delayq.worker.context import WorkerContext
@@ -48,7 +47,6 @@ from delayq.worker.lane import REGISTER_EVERY_S, Lane, QueueLike, checked_queues
 from delayq.worker.outcome import Finisher
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 from delayq.worker.runs import Runs
-from delayq.worker.sources import Source, interleave, interleave_lanes
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 from delayq.worker.waker import Waker
@@ -59,20 +57,6 @@ HANDLER_THREAD_PREFIX = "delayq-handler"
 WORKER_SOCKET_TIMEOUT_S = 5.0
 # One handler thread per slot is started up front: beyond this, more processes serve better.
 MAX_CONCURRENCY = 10_000
-# A claim held back by the rate limit looks again when its next token is there, but no
-# sooner than this: a throttled worker takes a few tokens a claim, not one (at 100/s, 20
-# claims a second of 5 tasks, rather than 100 of one).
-THROTTLE_STEP_S = 0.05
-# While tasks keep falling due at a source, the next claim is sent this long after the
-# lookahead reached the first task the last one left (at most half the lookahead later).
-# A claim costs the worker about 0.1 ms of CPU however few tasks it brings: sent as soon as
-# the last one had been answered, claims brought 10 tasks each at 10,000 tasks/s, and
-# with the result writes spent most of a core (bench/run bursts). Not longer: a claim's
-# tasks are set up in one go (a few microseconds each), which holds up timers due meanwhile.
-CLAIM_STEP_S = 0.002
-# A look is unprompted when nothing is known due at a source sooner than this past the
-# lookahead; tasks it claims were then announced to nobody (Worker._announced_to_nobody).
-UNPROMPTED_S = 0.1
 
 
 def _checked_concurrency(concurrency: int) -> int:
@@ -178,10 +162,6 @@ class Worker:
         self._middleware: list[Middleware] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
-        # Per source: until when (loop time) the rate limit holds its claims back. Neither a
-        # poke (a handler finished) nor a wake-up ends it: a claim could take no more (and
-        # a claim's own wake-up would wake this worker again).
-        self._throttled_until: dict[int, float] = {}
 
     # -- registration ---------------------------------------------------------------------
 
@@ -434,11 +414,7 @@ class Worker:
 
     def sources(self) -> list[Source]:
         """What the claim loop claims from, in order: each queue's shards, queue by queue."""
-        return [
-            Source(lane, shard, core)
-            for lane in self.lanes
-            for shard, core in enumerate(lane.queue.shards.cores)
-        ]
+        return sources_of(self.lanes)
 
     def context(
         self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
@@ -521,9 +497,8 @@ class Worker:
             await self._run_startup(ctxs)
             if self.freeze_gc:
                 freeze_once()
-            lease_ms = round(self.lease_s * 1000)
             claim_loop = self.supervisor.start(
-                "claim", functools.partial(self._claim_loop, stopping, lease_ms)
+                "claim", functools.partial(self.claimer.run, stopping)
             )
             if self._stop_requested.is_set():
                 self._begin_stop()
@@ -556,7 +531,6 @@ class Worker:
 
     def _build(self, ctxs: list[WorkerContext]) -> None:
         """The engine's parts: one Runs; per lane an Executor, a Finisher and a heartbeat."""
-        self._source_lanes = [s.lane for s in self.sources()]
         self.runs = Runs(
             self._to_loop,
             self.waker.poke,
@@ -594,6 +568,19 @@ class Worker:
             # A running task aborted (queue.abort): found by the heartbeat when the wake
             # channel's message was missed.
             lane.heartbeat.on_aborted = functools.partial(self.runs.abort, lane)
+        self.claimer = Claimer(
+            self.lanes,
+            self.runs,
+            self.waker,
+            self.runner,
+            self.clock,
+            self._now,
+            worker_id=self.id,
+            registration=self._registration_of,
+            lease_ms=round(self.lease_s * 1000),
+            lookahead_s=self.lookahead_s,
+            max_wait_s=self.max_wait_s,
+        )
         # ... or told on the wake channel.
         if several:
             self.waker.on_abort = self._heard_abort
@@ -624,7 +611,7 @@ class Worker:
 
     def _heard_abort(self, task_id: str, token: int) -> None:
         """An abort message on a source's wake channel: the run of that queue stops."""
-        self.runs.abort(self._source_lanes[self.waker.heard_from], task_id, token)
+        self.runs.abort(self.claimer.sources[self.waker.heard_from].lane, task_id, token)
 
     def _holds_leases(self) -> bool:
         return any(lane.leases for lane in self.lanes)
@@ -640,219 +627,6 @@ class Worker:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-
-    # -- the claim loop ------------------------------------------------------------------------
-
-    async def _claim_loop(self, stopping: asyncio.Event, lease_ms: int) -> None:
-        loop = asyncio.get_running_loop()
-        # A source is one shard of one of the worker's queues (a queue unsplit: one source).
-        sources = self.sources()
-        # Per source: the loop time its earliest due task or lease deadline falls due (inf:
-        # nothing known), and when it was last looked at. One source: looked at every time.
-        next_at = [0.0] * len(sources)
-        seen_at = [0.0] * len(sources)
-        # A source whose claim failed is left alone until its backoff has passed, so one
-        # unreachable shard (a failing-over primary) does not hold up the others.
-        backoff = [0.1] * len(sources)
-        resting_until = [0.0] * len(sources)
-        # Per source: how long before its next due time the next claim is sent. A claim takes
-        # what falls due within the lookahead; while tasks keep coming (its last claim took
-        # some), the next one waits CLAIM_STEP_S more, so each takes that long's worth of
-        # tasks, not the few that fell due during a round trip (see CLAIM_STEP_S).
-        lead = [self.lookahead_s] * len(sources)
-        streaming_lead = self.lookahead_s - min(CLAIM_STEP_S, self.lookahead_s / 2)
-        # Which source goes first: rotates, so no shard's or queue's backlog starves another.
-        turn = 0
-        was_full = False  # the announcements heard while full were set aside unread
-        while not stopping.is_set():
-            free = self.runs.room()
-            if free <= 0:
-                # Full: announcements do not matter until a handler finishes and pokes. Any
-                # poke so far is answered: we looked, and we are full (and not stopping).
-                self.waker.reset()
-                was_full = True
-                self.runs.room_wanted = True
-                await self.waker.sleep_until(loop.time() + self.max_wait_s)
-                continue
-            poked, woken = self.waker.reset()
-            unprompted = not (poked or was_full or self._throttled_until)
-            was_full = False
-            if poked and len(sources) == 1:
-                resting_until[0] = 0.0  # e.g. the wake-up link is back: so may the server be
-            now = loop.time()
-            soon = now + self.lookahead_s
-            order = [(turn + k) % len(sources) for k in range(len(sources))]
-            turn += 1
-            visit = [
-                i
-                for i in order
-                if resting_until[i] <= now
-                and (not self._throttled_until or self._admitted(i, now))
-                and (
-                    len(sources) == 1
-                    or poked
-                    or i in woken
-                    or next_at[i] <= soon
-                    or now - seen_at[i] >= self.max_wait_s
-                )
-            ]
-            full = False
-            # Each source visited gets its share, and their tasks start interleaved: a batch
-            # claimed ahead from one source must not run before every other source's tasks.
-            share = -(-free // max(len(visit), 1))
-            batches: list[tuple[Lane, list[Claimed]]] = []
-            for i in visit:
-                seen_at[i] = loop.time()
-                limit = min(share, free)
-                # A look that nothing prompted (see _announced_to_nobody).
-                lone = unprompted and i not in woken and next_at[i] > soon + UNPROMPTED_S
-                try:
-                    next_at[i], got = await self._claim_from(
-                        i, sources[i], limit, lease_ms, batches
-                    )
-                except DelayqError as e:
-                    where = self._where(sources[i])
-                    log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
-                    resting_until[i] = loop.time() + backoff[i]
-                    next_at[i] = resting_until[i] + self.lookahead_s
-                    lead[i] = self.lookahead_s
-                    backoff[i] = min(backoff[i] * 2, 5.0)
-                    continue
-                backoff[i] = 0.1
-                lead[i] = streaming_lead if got else self.lookahead_s
-                if lone and got and not sources[i].lane.caps:
-                    self._announced_to_nobody(sources[i], got)
-                batches.append((sources[i].lane, got))
-                free -= len(got)
-                full = full or len(got) >= limit  # a full batch: more may be due right now
-                if free <= 0:
-                    break
-            if len(batches) == 1:
-                self.runs.start_many(batches[0][0], batches[0][1], self.clock.server_now_ms)
-            elif batches:
-                first = batches[0][0]
-                if all(lane is first for lane, _ in batches):  # a sharded queue's
-                    tasks = interleave([got for _, got in batches])
-                    self.runs.start_many(first, tasks, self.clock.server_now_ms)
-                else:
-                    tasks, lanes = interleave_lanes(batches)
-                    self.runs.start_many(lanes, tasks, self.clock.server_now_ms)
-            if full:
-                continue
-            # Every task due within the lookahead was taken: a freed slot changes nothing
-            # until more fall due, so handlers that finish need not wake this loop (a claim
-            # sent as each one finished came back with the one or two tasks due since).
-            # Per-kind caps leave tasks of a full kind due: a freed slot of it wakes the loop.
-            self.runs.room_wanted = self.runs.capped
-            deadline = min(
-                [
-                    loop.time() + self.max_wait_s,
-                    *(t - ld for t, ld in zip(next_at, lead, strict=True)),
-                ]
-            )
-            await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
-
-    def _announced_to_nobody(self, source: Source, got: list[Claimed]) -> None:
-        """A look nothing prompted (no poke, no message on the source's channel, nothing known
-        due within UNPROMPTED_S, no rate limit holding it back) claimed tasks: they fell due
-        unannounced, so the wake-up subscription may be dead without knowing it. Renew it
-        (Waker.renew). Per-kind caps are left out: a claim cut short by them leaves tasks
-        unseen that a later look finds without anyone having announced them."""
-        log.info(
-            "claimed %d task(s)%s that no wake-up announced (first: %r); renewing the "
-            "wake-up subscription",
-            len(got),
-            self._where(source),
-            got[0].id,
-        )
-        self.waker.renew()
-
-    def _where(self, source: Source) -> str:
-        """Which source a log line is about ("" for the only one)."""
-        shard = f" shard {source.shard}" if source.lane.queue.shards.n > 1 else ""
-        if len(self.lanes) > 1:
-            return f" on queue {source.lane.name!r}{shard}"
-        return f" on{shard}" if shard else ""
-
-    async def _claim_from(
-        self,
-        i: int,
-        source: Source,
-        free: int,
-        lease_ms: int,
-        pending: list[tuple[Lane, list[Claimed]]] | None = None,
-    ) -> tuple[float, list[Claimed]]:
-        """Claim up to ``free`` tasks from source ``i``; returns (loop time the source next
-        needs a look, the tasks claimed). Registration rides on each queue's home shard.
-        ``pending``: tasks claimed from other sources in this pass, not yet started (they
-        use kinds' rooms)."""
-        core = source.core
-        lane = source.lane
-        worker, info = (
-            lane.registration.due(self.id, self._registration_of(lane))
-            if source.shard == 0
-            else ("", "")
-        )
-        sent = self._now()
-        try:
-            result = await self.runner.run(
-                leasing.claim(
-                    core,
-                    limit=free,
-                    lease_ms=lease_ms,
-                    lookahead_ms=round(self.lookahead_s * 1000),
-                    worker=worker,
-                    worker_info=info,
-                    rooms=self._kind_rooms(lane, pending) if lane.caps else (),
-                )
-            )
-        except DelayqError:
-            if info:  # not stored: send it again
-                lane.registration.unsent()
-            raise
-        self.clock.observe(result.now_us / 1000, sent, self._now())
-        next_at = math.inf
-        if result.next_due_ms is not None:
-            next_at = self._to_loop(result.next_due_ms)
-        if result.next_token_ms is not None:
-            next_at = self._throttled(i, result.next_token_ms, next_at)
-        elif self._throttled_until:
-            self._throttled_until.pop(i, None)
-        if result.next_lease_ms is not None:
-            next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
-        return next_at, result.tasks
-
-    def _kind_rooms(
-        self, lane: Lane, pending: list[tuple[Lane, list[Claimed]]] | None
-    ) -> list[Any]:
-        """Claim's per-kind rooms on the queue of ``lane``: each capped kind's cap less the
-        runs of it held and those claimed in this pass (``pending``) on that queue."""
-        held = lane.held_of_kind()
-        for from_lane, batch in pending or ():
-            if from_lane != lane:
-                continue
-            for c in batch:
-                if c.header.kind in held:
-                    held[c.header.kind] += 1
-        return controls.kind_rooms(lane.caps, held)
-
-    def _throttled(self, source: int, token_ms: int, next_at: float) -> float:
-        """Due tasks wait for the rate limit's next token (server ms): the loop time to look
-        again (the claim loop wakes ``lookahead`` before a shard's time, hence the add), at
-        most max_wait away (a wake-up lost: the limit may have changed)."""
-        now = asyncio.get_running_loop().time()
-        at = min(max(self._to_loop(token_ms), now + THROTTLE_STEP_S), now + self.max_wait_s)
-        self._throttled_until[source] = at
-        at += self.lookahead_s
-        return at if math.isinf(next_at) else max(next_at, at)
-
-    def _admitted(self, source: int, now: float) -> bool:
-        """Whether the rate limit lets the claim loop visit ``source`` now: the time of its
-        next token has come (a changed limit is seen then, within max_wait)."""
-        if self._throttled_until.get(source, 0.0) <= now:
-            self._throttled_until.pop(source, None)
-            return True
-        return False
 
     async def _check_shards(self) -> None:
         """Serving a queue with the wrong shard count would leave some shards unserved:
