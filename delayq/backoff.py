@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 
+from delayq import check
 from delayq.errors import ConfigurationError, InvalidTaskError
 
 # The field's rule of thumb for flaky dependencies: 30 s, 2 min, 10 min, then every 10 min.
@@ -21,12 +23,15 @@ Backoff = Sequence[float] | Callable[[int], float]
 def validate_backoff(backoff: Backoff) -> Backoff:
     if callable(backoff):
         return backoff
-    steps = tuple(float(s) for s in backoff)
-    if not steps or any(not 0 <= s < float("inf") for s in steps):
+    steps = check.many(backoff, "backoff", what="seconds (or pass a function of the attempt)")
+    if not steps or not all(
+        isinstance(s, int | float) and not isinstance(s, bool) and 0 <= s < math.inf for s in steps
+    ):
         raise ConfigurationError(
-            f"backoff must be a non-empty sequence of seconds >= 0, or a callable; got {backoff!r}"
+            f"backoff must be a non-empty sequence of seconds >= 0, or a callable; got "
+            f"{check.shown(backoff)}"
         )
-    return steps
+    return tuple(float(s) for s in steps)
 
 
 def delay_for(

@@ -14,6 +14,7 @@ import redis.asyncio.retry as aretry
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -51,6 +52,10 @@ def resolve_url(url: str | None) -> str:
     """The argument, else ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else the default."""
     if url is None:
         url = next((os.environ[v] for v in URL_ENV if os.environ.get(v)), DEFAULT_URL)
+    elif not isinstance(url, str):
+        raise ConfigurationError(
+            f"url must be a Redis URL such as 'redis://127.0.0.1:6379/0', got {url!r:.200}"
+        )
     scheme = urlsplit(url).scheme
     if scheme not in _SCHEMES:
         raise ConfigurationError(
@@ -147,8 +152,16 @@ def _pack_command(self: Any, *args: Any) -> list[bytes]:
         raise DataError(str(e)) from None
 
 
-def check_client(client: Any) -> None:
-    """delayq reads bytes (payloads may be binary): refuse clients that decode replies."""
+def check_client(client: Any, kinds: tuple[type[Any], ...] = ()) -> None:
+    """A client of one of ``kinds`` (when given), that does not decode replies: delayq reads
+    bytes (payloads may be binary)."""
+    if kinds and not isinstance(client, kinds):
+        # (redis.client.Redis is redis.Redis, redis.asyncio.cluster.RedisCluster ...)
+        names = " or ".join(f"{k.__module__.rpartition('.')[0]}.{k.__name__}" for k in kinds)
+        raise ConfigurationError(
+            f"client must be a {names} (made with decode_responses=False), got "
+            f"{client!r:.200}; or pass url= instead"
+        )
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
     if kwargs.get("decode_responses"):
@@ -184,6 +197,25 @@ def describe(client: Any) -> str:
         return f"unix://{kw['path']}"
     where = f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
     return f"rediss://{where}" if is_tls(client) else where
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection pool that has lent every connection it may make
+    (``max_connections``): redis-py's MaxConnectionsError, a plain ConnectionError of the same
+    words before redis-py 6. Nothing was sent, and the server has nothing to do with it."""
+    return isinstance(exc, RedisConnectionError) and str(exc) == "Too many connections"
+
+
+def pool_fix(client: Any) -> str:
+    """What to do when the client's pool ran out: the caller's own calls at one moment
+    (threads, tasks) outnumber ``max_connections``."""
+    limit = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    return (
+        f"every one of the {limit} connections the client may open to Redis at "
+        f"{describe(client)} (max_connections={limit}) is in use by this process's other "
+        "calls at this moment (threads or tasks sharing the queue, or the client's own "
+        "users): allow more with ?max_connections=N in the URL, or make fewer calls at once"
+    )
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

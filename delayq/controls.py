@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from delayq import check
 from delayq.core import Op, QueueCore, as_str
 from delayq.errors import ConfigurationError
 from delayq.scripts import SCRIPTS, Arg
@@ -75,11 +76,8 @@ def rate_limit(rate: Any, burst: Any = None) -> RateLimit:
         )
     if burst is None:
         burst = default_burst(per_second)
-    elif isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_BURST:
-        raise ConfigurationError(
-            f"burst must be an int from 1 to {MAX_BURST:,} (tasks that may start at once), "
-            f"got {burst!r}"
-        )
+    else:
+        check.whole(burst, "burst", 1, MAX_BURST, hint=" (tasks that may start at once)")
     text = f"{count}/{unit}"
     return RateLimit(rate=text, per_second=per_second, burst=burst)
 
@@ -136,16 +134,8 @@ def pause(core: QueueCore, paused: bool) -> Op[bool]:
 
 def checked_concurrency(kind: str, concurrency: Any, most: int) -> int:
     """A handler's ``concurrency``: an int from 1 to the worker's own."""
-    if (
-        isinstance(concurrency, bool)
-        or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= most
-    ):
-        raise ConfigurationError(
-            f"concurrency for {kind!r} must be an int from 1 to the worker's concurrency "
-            f"({most}), got {concurrency!r}"
-        )
-    return concurrency
+    hint = f" (the worker's concurrency), for {kind!r}"
+    return check.whole(concurrency, "concurrency", 1, most, hint=hint)
 
 
 def kind_rooms(caps: Mapping[str, int], held: Mapping[str, int]) -> list[Arg]:

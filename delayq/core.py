@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
 
+from delayq import check
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
     Attempt,
@@ -31,7 +32,7 @@ from delayq.codec import (
     record_prefix,
     split_record,
 )
-from delayq.errors import InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
@@ -373,12 +374,8 @@ def validate_kind(kind: Any) -> str:
 
 def validate_max_attempts(value: Any) -> int:
     """0 (the handler's limit) or 1 .. MAX_ATTEMPTS."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ATTEMPTS:
-        raise InvalidTaskError(
-            f"max_attempts must be a whole number from 0 (the handler's limit) to "
-            f"{MAX_ATTEMPTS:,}, got {value!r}"
-        )
-    return value
+    hint = " (0: the handler's limit)"
+    return check.whole(value, "max_attempts", 0, MAX_ATTEMPTS, error=InvalidTaskError, hint=hint)
 
 
 def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
@@ -430,16 +427,17 @@ class QueueCore:
         shards: int = 1,
         clock: Clock | None = None,
     ) -> None:
-        self.name = validate_queue_name(name)
+        try:
+            self.name = validate_queue_name(name)
+        except ValueError as e:  # (keys.py knows no delayq error: errors.py needs it)
+            raise ConfigurationError(str(e)) from None
         self.shard = shard
-        self.keys = QueueKeys(shard_name(name, shard, shards), prefix)
+        self.keys = QueueKeys(shard_name(name, shard, shards), check.text(prefix, "prefix"))
         self.codec: Codec = get_codec(codec)
         self.codecs: dict[str, Codec] = {self.codec.name: self.codec}
-        if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 1:
-            raise InvalidTaskError(
-                f"max_payload must be a positive byte count, got {max_payload!r}"
-            )
-        self.max_payload = max_payload
+        self.max_payload = check.whole(
+            max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
+        )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
@@ -760,7 +758,10 @@ class QueueCore:
         done oldest first, dead most recent first). Rows stay undecoded (see
         :meth:`seek_info`): a sharded queue's merge decodes only the rows it keeps."""
         if state not in SEEK_STATES:
-            raise InvalidTaskError(f"a page shows one of {', '.join(SEEK_STATES)}, not {state!r}")
+            raise InvalidTaskError(
+                f"a page shows one of {', '.join(SEEK_STATES)}: state={state!r:.200} is none "
+                "of them"
+            )
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SEEK:
             raise InvalidTaskError(f"a page needs 1 <= limit <= {MAX_SEEK}, got {limit!r}")
         score, tid = after if after is not None else ("", "")

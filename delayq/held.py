@@ -22,6 +22,14 @@ client's own path, as redis-py's retries do: every script call of the queue's AP
 sent again (ids are made by the client), and a schedule sent twice is reported
 ``unchanged`` the second time, on either path.
 
+The held connection is lent back: a pool with a limit (``?max_connections=N``) that runs out
+while the held connection sits idle takes it back for the call that asked (a pipeline, the
+client's path, a command of the caller's on ``queue.client``), and the next single call
+takes one again. So a pool of one connection still serves every call, one at a time, as it
+did before any was held. Only when every connection is in use at that moment, by calls of
+the process's own, does a call meet the pool's "Too many connections" (``runner.translate``
+says so, and which limit to raise).
+
 A Redis Cluster client (whose calls are routed by key) has no such connection, nor does a
 client the caller passed in (``client=``): it may be shared, limited or closed by its owner.
 """
@@ -39,7 +47,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq.connection import pack_command
+from delayq.connection import pack_command, pool_exhausted
 from delayq.core import Op
 
 MISSED: Any = object()  # call() could not answer: run the call on the client
@@ -76,6 +84,33 @@ class HeldConnection:
         self.conn: Any = None
         self.pid = os.getpid()
         self.closed = False
+        take = self.pool.get_connection
+
+        def get_connection(*args: Any, **kwargs: Any) -> Any:
+            # The pool's own, lending the held connection back when the pool has run out.
+            try:
+                return take(*args, **kwargs)
+            except RedisConnectionError as e:
+                if not (pool_exhausted(e) and self.give_back()):
+                    raise
+            return take(*args, **kwargs)
+
+        self.pool.get_connection = get_connection  # type: ignore[method-assign]
+
+    def give_back(self) -> bool:
+        """Return the connection to the pool, unless a call is using it (or it is the
+        parent's, after a fork); True if it was returned. The next call takes one again."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            conn = self.conn
+            if conn is None or self.pid != os.getpid():
+                return False
+            self.conn = None
+            self.pool.release(conn)
+            return True
+        finally:
+            self.lock.release()
 
     def call(self, op: Op[Any]) -> Any:
         """The reply of ``op``'s EVALSHA, or MISSED. An error reply of the script is raised
@@ -149,6 +184,29 @@ class AsyncHeldConnection:
         self.started = 0.0  # when it started (the loop's clock)
         self.expired = False  # the watch cancelled it
         self.watch: asyncio.TimerHandle | None = None
+        take: Any = self.pool.get_connection
+
+        async def get_connection(*args: Any, **kwargs: Any) -> Any:
+            # As the sync one's: the pool's own, lending the held connection back.
+            try:
+                return await take(*args, **kwargs)
+            except RedisConnectionError as e:
+                if not (pool_exhausted(e) and await self.give_back()):
+                    raise
+            return await take(*args, **kwargs)
+
+        self.pool.get_connection = get_connection  # type: ignore[method-assign]
+
+    async def give_back(self) -> bool:
+        """As :meth:`HeldConnection.give_back`: unless a call is using it, or it is of
+        another loop. Its ``socket_timeout`` is the pool's again."""
+        conn = self.conn
+        if conn is None or self.busy or self.loop is not asyncio.get_running_loop():
+            return False
+        self.conn = None
+        conn.socket_timeout = self.timeout
+        await self.pool.release(conn)
+        return True
 
     async def call(self, op: Op[Any]) -> Any:
         """As :meth:`HeldConnection.call`."""

@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq import controls, hooks
+from delayq import check, controls, hooks
 from delayq.codec import DEFAULT_MAX_PAYLOAD
 from delayq.connection import RETRIES, async_client, check_client, resolve_url, sync_client
 from delayq.controls import Controls, RateLimit
@@ -40,7 +40,16 @@ from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.expiring.facade import AsyncExpiring, Expiring
 from delayq.hooks import BeforeSchedule
 from delayq.keys import DEFAULT_PREFIX
-from delayq.runner import AsyncRunner, Call, Durable, Plan, SyncRunner, batch_plan, call
+from delayq.runner import (
+    AsyncRunner,
+    Call,
+    Durable,
+    Plan,
+    SyncRunner,
+    batch_plan,
+    call,
+    check_plan,
+)
 from delayq.shards import (
     STORED,
     Shards,
@@ -86,7 +95,14 @@ def _as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
     try:
         return TaskSpec(**item)
     except TypeError as e:
-        raise InvalidTaskError(f"schedule_many item {item!r} is not a task: {e}") from None
+        raise InvalidTaskError(
+            f"schedule_many's tasks hold {check.shown(item)}, which is not a task (a TaskSpec "
+            f"or a dict of its fields): {e}"
+        ) from None
+
+
+_AN_OP = "an Op made by delayq's builders (queue.core.stats(), delayq.expiring's ops, ...)"
+_FN = " (called with how many tasks each batch handled)"
 
 
 def _run_hooks(hooks: Sequence[BeforeSchedule], spec: TaskSpec) -> TaskSpec:
@@ -148,6 +164,15 @@ def _until_none(batches: Sequence[Callable[[], Op[int]]], progress: Progress | N
     return total
 
 
+def _ids_and_progress(
+    ids: Iterable[str] | None, progress: Progress | None
+) -> tuple[list[str] | None, Progress | None]:
+    """replay's and purge_dead's ``ids`` (a list of ids, never a str) and ``progress``."""
+    if ids is not None:
+        ids = check.many(ids, "ids", error=InvalidTaskError, what="task ids")
+    return ids, check.optional(check.function, progress, "progress", hint=_FN)
+
+
 def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     it = iter(items)
     while chunk := list(islice(it, size)):
@@ -174,7 +199,10 @@ class _Base(Generic[C]):
         clock: Clock | None = None,
         before_schedule: Iterable[BeforeSchedule] = (),
     ) -> None:
-        self.before_schedule: list[BeforeSchedule] = list(before_schedule)
+        what = "functions (spec) -> TaskSpec | None"
+        self.before_schedule: list[BeforeSchedule] = check.many(
+            before_schedule, "before_schedule", what=what
+        )
         for hook in self.before_schedule:
             if not callable(hook):
                 raise ConfigurationError(
@@ -185,10 +213,7 @@ class _Base(Generic[C]):
                 f"clock must be a delayq.testing.VirtualClock (anything with now_ms()), got "
                 f"{clock!r}"
             )
-        if isinstance(durable_replicas, bool) or not isinstance(durable_replicas, int):
-            raise ConfigurationError(f"durable_replicas must be an int, got {durable_replicas!r}")
-        if durable_replicas < 0:
-            raise ConfigurationError(f"durable_replicas must be >= 0, got {durable_replicas}")
+        check.whole(durable_replicas, "durable_replicas", 0)
         # The AOF fsync takes up to ~1 s under appendfsync everysec; a replica's confirmation
         # arrives with its next acknowledgement after its own fsync, about a second later.
         if durable_timeout is None:
@@ -206,7 +231,7 @@ class _Base(Generic[C]):
         self.core: QueueCore = self.shards.home
         self.url = resolve_url(url)
         if client is not None:
-            check_client(client)
+            check_client(client, self._client_kinds)
         self._owns_client = client is None
         self.client: C = client if client is not None else self._new_client(self.url)
         if shards == STORED:
@@ -218,6 +243,8 @@ class _Base(Generic[C]):
             if n != 1:
                 self.shards = Shards(name, n, **options)
                 self.core = self.shards.home
+
+    _client_kinds: tuple[type[Any], ...] = ()  # what client= takes
 
     def _read_stored(self, op: Op[T]) -> T:
         raise NotImplementedError
@@ -238,7 +265,10 @@ class _Base(Generic[C]):
         """(ids in the order given, script calls per shard). Everything is validated and
         encoded first: a bad task refuses the whole call unwritten. The before_schedule
         hooks, the process-wide ones (delayq.hooks) first, see each spec before that."""
-        return self._ops_of(self._hooked([_as_spec(t) for t in tasks]), replace, durable)
+        check.flag(replace, "replace", InvalidTaskError)
+        check.flag(durable, "durable", InvalidTaskError)
+        items = check.many(tasks, "tasks", error=InvalidTaskError, what="TaskSpecs or dicts")
+        return self._ops_of(self._hooked([_as_spec(t) for t in items]), replace, durable)
 
     def _ops_of(
         self, specs: list[TaskSpec], replace: bool, durable: bool
@@ -279,6 +309,9 @@ class _Base(Generic[C]):
         Any other is a ``schedule_many`` of one task."""
         spec = _spec(kind, payload, options)
         replace, durable = options.get("replace", False), options.get("durable", False)
+        if replace is not False or durable is not False:  # (the common case: neither given)
+            check.flag(replace, "replace", InvalidTaskError)
+            check.flag(durable, "durable", InvalidTaskError)
         if hooks.before_schedule or self.before_schedule:
             (spec,) = self._hooked([spec])
         if spec.task_id is None and not (replace or durable):
@@ -310,6 +343,11 @@ class _Base(Generic[C]):
         call, after the shard count check: opened with the wrong count, a task's shard (get,
         cancel, reschedule), the home shard (workers, watched keys) would be the wrong one.
         ``write``: the call writes, which stores the count when none is."""
+        check.instance(op, "op", Op, _AN_OP)
+        return self._checked(op, check.flag(write, "write"))
+
+    def _checked(self, op: Op[T], write: bool = False) -> Plan[T]:
+        """:meth:`checked` of an op the queue made itself."""
         if not (self.shards.write_checked if write else self.shards.checked):
             yield from self._check_shards_plan(store=write)  # (a generator less once checked)
         reply: T = yield Call(op)  # the hot path: the step itself, no call() generator
@@ -347,7 +385,7 @@ class _Base(Generic[C]):
         return reply
 
     def _schedules_plan(self) -> Plan[list[cron_ops.ScheduleInfo]]:
-        state = yield from self.checked(cron_ops.read(self.core))
+        state = yield from self._checked(cron_ops.read(self.core))
         return cron_ops.schedules(state)
 
     def _of(self, task_id: str) -> QueueCore:
@@ -381,6 +419,7 @@ class _Base(Generic[C]):
         self, ids: Iterable[str] | None, progress: Progress | None = None
     ) -> Plan[int]:
         """Replay in bounded batches, one script call each (``progress`` hears each count)."""
+        ids, progress = _ids_and_progress(ids, progress)
         yield from self._check_shards_plan(store=False)
         if ids is not None:
             ops = [
@@ -398,6 +437,9 @@ class _Base(Generic[C]):
         older_than: Duration | None,
         progress: Progress | None = None,
     ) -> Plan[int]:
+        ids, progress = _ids_and_progress(ids, progress)
+        if older_than is not None:
+            seconds(older_than, "older_than")  # (refused even beside ids, which it is not for)
         yield from self._check_shards_plan(store=False)
         if ids is not None:
             ops = [
@@ -482,6 +524,8 @@ class Queue(_Base[redis.Redis]):
             from a hook refuses the call, unwritten.
     """
 
+    _client_kinds = (redis.Redis, redis.RedisCluster)
+
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
 
@@ -498,7 +542,7 @@ class Queue(_Base[redis.Redis]):
     def drive(self, plan: Plan[T]) -> T:
         """Run a plan (``delayq.runner``) on this queue's connection: ``checked`` ones, the
         expiring keys' or an admin's."""
-        return self.runner.drive(plan)
+        return self.runner.drive(check_plan(plan))
 
     def _read_stored(self, op: Op[T]) -> T:
         return self.runner.run(op)
@@ -560,24 +604,24 @@ class Queue(_Base[redis.Redis]):
 
     def cancel(self, task_id: str) -> bool:
         """Remove a waiting task; True if it was still waiting."""
-        return self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
+        return self.runner.drive(self._checked(self._of(task_id).cancel(task_id)))
 
     def abort(self, task_id: str) -> bool:
         """End a task for good, waiting or running; True if it was either. A running
         attempt is stopped: an async handler is cancelled, a sync one sees ``task.aborted``;
         its result is discarded and it is not retried. The task shows as ``"aborted"`` for
         the dedupe window. False for a task that is done, dead, aborted or unknown."""
-        return self.runner.drive(self.checked(self._of(task_id).abort(task_id)))
+        return self.runner.drive(self._checked(self._of(task_id).abort(task_id)))
 
     def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         """Move a waiting task to a new due time; True if it was waiting."""
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return self.runner.drive(self.checked(op))
+        return self.runner.drive(self._checked(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        return self.runner.drive(self.checked(self._of(task_id).get(task_id)))
+        return self.runner.drive(self._checked(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
         return self.runner.drive(self._stats_plan())
@@ -601,7 +645,7 @@ class Queue(_Base[redis.Redis]):
 
     def workers(self) -> list[WorkerInfo]:
         """Workers registered on this queue, most recently seen first, dead ones included."""
-        return self.execute(self.core.workers())
+        return self.runner.drive(self._checked(self.core.workers()))
 
     def protocol_version(self) -> str:
         """The delayq protocol version the queue speaks, as stored in Redis (``"1.0"``), or
@@ -688,6 +732,8 @@ class AsyncQueue(_Base[aredis.Redis]):
     ``client``, if given, is a ``redis.asyncio`` client.
     """
 
+    _client_kinds = (aredis.Redis, aredis.RedisCluster)
+
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)
 
@@ -701,7 +747,7 @@ class AsyncQueue(_Base[aredis.Redis]):
 
     async def drive(self, plan: Plan[T]) -> T:
         """Run a plan on this queue's connection (see :meth:`Queue.drive`)."""
-        return await self.runner.drive(plan)
+        return await self.runner.drive(check_plan(plan))
 
     def _read_stored(self, op: Op[T]) -> T:
         raise ConfigurationError(
@@ -731,19 +777,19 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     async def cancel(self, task_id: str) -> bool:
-        return await self.runner.drive(self.checked(self._of(task_id).cancel(task_id)))
+        return await self.runner.drive(self._checked(self._of(task_id).cancel(task_id)))
 
     async def abort(self, task_id: str) -> bool:
-        return await self.runner.drive(self.checked(self._of(task_id).abort(task_id)))
+        return await self.runner.drive(self._checked(self._of(task_id).abort(task_id)))
 
     async def reschedule(
         self, task_id: str, *, delay: Duration | None = None, at: datetime | float | None = None
     ) -> bool:
         op = self._of(task_id).reschedule(task_id, delay=delay, at=at)
-        return await self.runner.drive(self.checked(op))
+        return await self.runner.drive(self._checked(op))
 
     async def get(self, task_id: str) -> TaskInfo | None:
-        return await self.runner.drive(self.checked(self._of(task_id).get(task_id)))
+        return await self.runner.drive(self._checked(self._of(task_id).get(task_id)))
 
     async def stats(self) -> QueueStats:
         return await self.runner.drive(self._stats_plan())
@@ -758,7 +804,7 @@ class AsyncQueue(_Base[aredis.Redis]):
         return await self.runner.drive(self._schedules_plan())
 
     async def workers(self) -> list[WorkerInfo]:
-        return await self.execute(self.core.workers())
+        return await self.runner.drive(self._checked(self.core.workers()))
 
     async def protocol_version(self) -> str:
         """The queue's protocol version (see :meth:`Queue.protocol_version`)."""

@@ -26,9 +26,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from delayq.connection import URL_ENV, describe, tls_fix
+from delayq.connection import URL_ENV, describe, pool_exhausted, pool_fix, tls_fix
 from delayq.core import Op
-from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
+from delayq.errors import ConfigurationError, ConnectionFailed, DurabilityError, ScriptError
 from delayq.held import MISSED, AsyncHeldConnection, HeldConnection
 
 T = TypeVar("T")
@@ -58,6 +58,8 @@ def translate(exc: Exception, client: Any) -> Exception:
             "a slot move in progress is the usual cause, and the call did not take effect: "
             "try again in a moment (if it persists, check the cluster's state)"
         )
+    if pool_exhausted(exc):
+        return ConnectionFailed(f"no connection for the call ({exc}): {pool_fix(client)}")
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         fix = tls_fix(exc, client) or (
             f"check the server is running, or point delayq elsewhere with url= or {URL_ENV[0]}"
@@ -195,6 +197,16 @@ class Nodes:
 
 Step = Call[Any] | Trip | Load | Command | Refresh | Nodes
 Plan = Generator[Step, Any, T]
+
+
+def check_plan(plan: Plan[T]) -> Plan[T]:
+    """A plan as ``drive`` takes it (a generator of steps), else ConfigurationError."""
+    if isinstance(plan, Generator):
+        return plan
+    raise ConfigurationError(
+        f"plan must be a plan (a generator of steps: queue.checked(op), delayq.expiring's "
+        f"set_plan, ...), got {plan!r:.200}"
+    )
 
 
 def call(op: Op[T]) -> Plan[T]:

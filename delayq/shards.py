@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from delayq import check
 from delayq.core import Op, QueueCore, SeekRow, ShardCheck, validate_task_id
 from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
@@ -51,9 +52,7 @@ def stored_count(root: QueueCore) -> Op[StoredCount]:
 
 
 def validate_shards(shards: Any) -> int:
-    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
-        raise ConfigurationError(f"shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
-    return shards
+    return check.whole(shards, "shards", 1, MAX_SHARDS, hint=' (or "stored", for a Queue)')
 
 
 class Shards:
@@ -171,7 +170,9 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
     """(score, id) of a cursor :func:`encode_cursor` made; InvalidTaskError if it is not one."""
     score, sep, task_id = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
     if not sep or not _SCORE_RE.match(score):
-        raise InvalidTaskError(f"not a page cursor: {str(cursor)[:80]!r}")
+        raise InvalidTaskError(
+            f"not a page cursor: {str(cursor)[:80]!r} (after= takes a page's next)"
+        )
     return score, validate_task_id(task_id)
 
 

@@ -289,7 +289,7 @@ def test_a_bad_rate_names_the_accepted_forms_and_writes_nothing(queue: Queue, ra
 
 @pytest.mark.parametrize("burst", [0, -1, 1.5, True, "10"])
 def test_a_bad_burst_is_refused(queue: Queue, burst: Any) -> None:
-    with pytest.raises(ConfigurationError, match="burst must be an int from 1"):
+    with pytest.raises(ConfigurationError, match="burst must be a whole number from 1"):
         queue.set_rate_limit("10/s", burst)
     assert queue.rate_limit() is None
 
@@ -303,7 +303,10 @@ def test_the_default_burst_is_a_second_of_tasks_and_at_least_one(queue: Queue) -
 @pytest.mark.parametrize("concurrency", [0, -1, 2.5, True, 17])
 def test_a_bad_kind_concurrency_is_refused(queue: Queue, concurrency: Any) -> None:
     worker = Worker(queue, concurrency=16)
-    with pytest.raises(ConfigurationError, match="concurrency for 'pdf' must be an int from 1"):
+    match = (
+        r"concurrency must be a whole number from 1 to 16 \(the worker's concurrency\), for 'pdf'"
+    )
+    with pytest.raises(ConfigurationError, match=match):
         worker.handler("pdf", concurrency=concurrency)
     worker.handler("pdf", concurrency=16)(lambda task: None)
     with pytest.raises(ConfigurationError, match="worker's concurrency"):

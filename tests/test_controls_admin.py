@@ -49,7 +49,7 @@ def test_limit_refuses_bad_input_naming_the_forms(cli: Callable[..., Result], qu
     bad = cli("limit", "-q", queue.name, "100/d")
     assert bad.exit_code == 2 and '"N/s", "N/m" or "N/h"' in bad.output
     bad = cli("limit", "-q", queue.name, "10/s", "--burst", "0")
-    assert bad.exit_code == 2 and "burst must be an int from 1" in bad.output
+    assert bad.exit_code == 2 and "burst must be a whole number from 1" in bad.output
     assert cli("limit", "-q", queue.name, "10/s", "--clear").exit_code == 2
     assert cli("limit", "-q", queue.name, "--burst", "3").exit_code == 2
     assert queue.rate_limit() is None

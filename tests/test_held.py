@@ -20,6 +20,7 @@ import redis
 
 from delayq import AsyncQueue, Queue
 from delayq.embedded import EmbeddedServer
+from delayq.errors import ConnectionFailed
 from delayq.held import MISSED, AsyncHeldConnection
 from delayq.keys import shard_of
 
@@ -290,3 +291,145 @@ async def test_async_a_health_check_interval_is_kept_on_the_held_connection(
         await asyncio.sleep(1.2)
         assert (await queue.schedule("k", 1)).status == "created"
         assert _pings(admin) == before + 1
+
+
+# -- small pools: the held connection is lent back ---------------------------------------------
+
+
+def _every_kind_of_call(queue: Queue, admin: redis.Redis) -> None:
+    a = queue.schedule("k", 1)  # the first: the shard count check, then the call
+    b = queue.schedule("k", 2, task_id="b", replace=True)  # a schedule_many of one (a plan)
+    many = queue.schedule_many([{"kind": "k", "payload": i} for i in range(5)])  # pipeline
+    assert queue.stats().scheduled == 7  # a pipeline
+    assert queue.get(a) is not None and queue.get(b) is not None
+    admin.script_flush()
+    c = queue.schedule("k", 3)  # NOSCRIPT on the held connection: loaded on the client's path
+    assert queue.cancel(c) and not queue.cancel(c)
+    admin.script_flush()
+    assert queue.stats().scheduled == 7  # NOSCRIPT in a pipeline: loaded, sent again
+    assert queue.expiring.set("ttl-key", "v", 60)  # a plan with a plain command
+    assert queue.client.ping()  # the caller's own command on the queue's client
+    assert queue.schedule("k", 4).status == "created"
+    assert _ids(admin, queue) >= {a, b, *many}
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_pool_of_one_or_two_connections_serves_every_call(
+    server: EmbeddedServer, admin: redis.Redis, qname: str, size: int
+) -> None:
+    """Seen failing before the lending: with max_connections=1 the first schedule's NOSCRIPT
+    met "Too many connections" (and "check the server is running")."""
+    with Queue(qname, url=f"{server.url}?max_connections={size}", dedupe_window=3600) as q:
+        _every_kind_of_call(q, admin)
+        pool = q.client.connection_pool
+        assert len(pool._in_use_connections) + len(pool._available_connections) <= size
+
+
+@pytest.mark.parametrize("size", [1, 2])
+async def test_async_a_pool_of_one_or_two_connections_serves_every_call(
+    server: EmbeddedServer, admin: redis.Redis, qname: str, size: int
+) -> None:
+    url = f"{server.url}?max_connections={size}"
+    async with AsyncQueue(qname, url=url, dedupe_window=3600) as q:
+        a = await q.schedule("k", 1)
+        b = await q.schedule("k", 2, task_id="b", replace=True)
+        many = await q.schedule_many([{"kind": "k", "payload": i} for i in range(5)])
+        assert (await q.stats()).scheduled == 7
+        assert await q.get(a) is not None and await q.get(b) is not None
+        admin.script_flush()
+        c = await q.schedule("k", 3)
+        assert await q.cancel(c) and not await q.cancel(c)
+        admin.script_flush()
+        assert (await q.stats()).scheduled == 7
+        assert await q.expiring.set("ttl-key", "v", 60)
+        assert await q.client.ping()
+        assert (await q.schedule("k", 4)).status == "created"
+        assert _ids(admin, q) >= {a, b, *many}
+        # (the asyncio pool counts its connections as it lends them)
+        assert len(q.client.connection_pool._in_use_connections) <= size
+
+
+def test_threads_share_a_queue_with_a_small_pool(
+    server: EmbeddedServer, admin: redis.Redis, qname: str
+) -> None:
+    """As many threads as the pool has connections, each making single calls and
+    pipelines: every call is served (seen failing before: "Too many connections" whenever
+    all three were in pipelines while the held connection sat idle)."""
+    errors: list[BaseException] = []
+    made: list[str] = []
+    lock = threading.Lock()
+    with Queue(qname, url=f"{server.url}?max_connections=3", dedupe_window=3600) as q:
+
+        def produce() -> None:
+            try:
+                for i in range(60):
+                    tid = q.schedule("k", i)
+                    (other,) = q.schedule_many([{"kind": "k", "payload": i}])
+                    assert q.stats().scheduled >= 1 and q.get(tid) is not None
+                    with lock:
+                        made.extend((tid, other))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=produce) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert len(set(made)) == 360 and _ids(admin, q) == set(made)
+
+
+async def test_async_tasks_share_a_queue_with_a_small_pool(
+    server: EmbeddedServer, admin: redis.Redis, qname: str
+) -> None:
+    """As many tasks as the pool has connections, each making single calls and pipelines."""
+    async with AsyncQueue(qname, url=f"{server.url}?max_connections=3", dedupe_window=3600) as q:
+
+        async def produce() -> list[str]:
+            made = []
+            for i in range(60):
+                tid = await q.schedule("k", i)
+                (other,) = await q.schedule_many([{"kind": "k", "payload": i}])
+                assert (await q.stats()).scheduled >= 1 and await q.get(tid) is not None
+                made += [tid, other]
+            return made
+
+        made = [i for part in await asyncio.gather(*(produce() for _ in range(3))) for i in part]
+        assert len(set(made)) == 360 and _ids(admin, q) == set(made)
+
+
+def test_a_pool_the_callers_own_calls_exhaust_says_so(server: EmbeddedServer, qname: str) -> None:
+    """When every connection is really in use (here: taken by the caller's own code), the
+    error names the pool's limit, not the server (seen failing before: "check the server is
+    running")."""
+    with Queue(qname, url=f"{server.url}?max_connections=1") as q:
+        q.schedule("k", 0)
+        pool = q.client.connection_pool
+        theirs = pool.get_connection()  # the held connection is lent back to this
+        try:
+            for call in (lambda: q.schedule("k", 1), q.stats):
+                with pytest.raises(ConnectionFailed) as err:
+                    call()
+                text = str(err.value)
+                assert "max_connections=1" in text and "in use by this process" in text
+                assert "check the server is running" not in text
+        finally:
+            pool.release(theirs)
+        assert q.schedule("k", 2).status == "created"  # served again once it is back
+
+
+async def test_async_a_pool_the_callers_own_calls_exhaust_says_so(
+    server: EmbeddedServer, qname: str
+) -> None:
+    async with AsyncQueue(qname, url=f"{server.url}?max_connections=1") as q:
+        await q.schedule("k", 0)
+        pool = q.client.connection_pool
+        theirs = await pool.get_connection()
+        try:
+            with pytest.raises(ConnectionFailed, match=r"max_connections=1\)") as err:
+                await q.stats()
+            assert "check the server is running" not in str(err.value)
+        finally:
+            await pool.release(theirs)
+        assert (await q.schedule("k", 2)).status == "created"

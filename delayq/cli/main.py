@@ -23,7 +23,7 @@ from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
 from delayq.protocol.cli import protocol
-from delayq.worker.worker import MAX_CONCURRENCY
+from delayq.worker.options import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
 

@@ -30,8 +30,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from delayq import check
 from delayq.errors import ConfigurationError
-from delayq.timing import MAX_DELAY_S
+from delayq.timing import MAX_DELAY_S, config_seconds
 
 CatchUp = Literal["latest", "all", "skip"]
 CATCH_UP_POLICIES: tuple[str, ...] = get_args(CatchUp)
@@ -344,20 +345,10 @@ def _options(
         raise ConfigurationError(
             f"catch_up must be one of {', '.join(map(repr, CATCH_UP_POLICIES))}, got {catch_up!r}"
         )
-    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 0:
-        raise ConfigurationError(
-            f"max_running must be a whole number >= 0 (0: no limit), got {max_running!r}"
-        )
-    grace = misfire_grace.total_seconds() if isinstance(misfire_grace, timedelta) else misfire_grace
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        raise ConfigurationError(f"misfire_grace must be seconds >= 0, got {misfire_grace!r}")
-    if (
-        isinstance(catch_up_limit, bool)
-        or not isinstance(catch_up_limit, int)
-        or catch_up_limit < 1
-    ):
-        raise ConfigurationError(f"catch_up_limit must be an int >= 1, got {catch_up_limit!r}")
-    return cast(CatchUp, catch_up), max_running, round(grace * 1000), catch_up_limit
+    running = check.whole(max_running, "max_running", 0, hint=" (0: no limit)")
+    grace = config_seconds(misfire_grace, "misfire_grace")  # type: ignore[arg-type]
+    limit = check.whole(catch_up_limit, "catch_up_limit", 1)
+    return cast(CatchUp, catch_up), running, round(grace * 1000), limit
 
 
 def cron_schedule(
@@ -400,7 +391,7 @@ def interval_ms(
     if interval is not None:
         if isinstance(interval, bool) or not isinstance(interval, int | float | timedelta):
             raise ConfigurationError(
-                f"every() takes a timedelta or seconds, not {type(interval).__name__}"
+                f"every(interval) takes a timedelta or seconds, not {type(interval).__name__}"
             )
         total = interval.total_seconds() if isinstance(interval, timedelta) else interval
     else:

@@ -59,6 +59,8 @@ ORPHAN_GRACE_S = 120.0  # undeclared this long (and by no live worker): parked
 FORGET_AFTER_S = 30 * 86400.0  # parked this long: forgotten
 DEFER_MIN_MS, DEFER_MAX_MS = 50, 1000  # an occurrence waiting for a max_running slot
 QUICK_RETRIES = (0.01, 0.02, 0.04, None)  # busy: look again after these pauses, then defer
+# The handler options (Worker.handler's) a schedule takes with its own.
+HANDLER_OPTIONS = frozenset(("max_attempts", "backoff", "jitter", "timeout"))
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ class Schedules:
         build: Callable[[str], Schedule],
         handler_options: dict[str, Any],
     ) -> Callable[[HandlerFn], HandlerFn]:
-        unknown = set(handler_options) - {"max_attempts", "backoff", "jitter", "timeout"}
+        unknown = set(handler_options) - HANDLER_OPTIONS
         if unknown:
             raise ConfigurationError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
         options = {"max_attempts": DEFAULT_MAX_ATTEMPTS, **handler_options}

@@ -36,7 +36,14 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq.connection import describe
-from delayq.errors import ConnectionFailed, Defer, DelayqError, Fail, raise_for
+from delayq.errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    Defer,
+    DelayqError,
+    Fail,
+    raise_for,
+)
 from delayq.expiring import ops as expiring
 from delayq.expiring.bells import ClusterBells
 from delayq.expiring.facade import Expired, Via
@@ -82,11 +89,11 @@ class ExpiryWatcher:
 
     def add(self, pattern: str, fn: ExpireFn) -> None:
         if not isinstance(pattern, str) or not pattern:
-            raise ValueError(
+            raise ConfigurationError(
                 f"on_expire needs a key pattern such as 'upload_session:*', got {pattern!r}"
             )
         if any(p == pattern for p, _ in self.patterns):
-            raise ValueError(f"a callback for pattern {pattern!r} is already registered")
+            raise ConfigurationError(f"a callback for pattern {pattern!r} is already registered")
         self.patterns.append((pattern, fn))
 
     @property

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from delayq.errors import ConfigurationError
-from delayq.timing import ms_to_datetime
+from delayq.timing import MAX_DELAY_S, ms_to_datetime
+
+# The longest advance(): the longest delay a task can be given.
+MAX_STEP_S = float(MAX_DELAY_S)
+# The last millisecond the clock can show (a datetime ends with the year 9999).
+LAST_MS = round(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp() * 1000)
 
 
 def ms_of(when: datetime, what: str, *, floor: bool = False) -> int:
@@ -47,18 +52,23 @@ class VirtualClock:
         return self._ms
 
     def advance(self, delta: timedelta | float | int) -> datetime:
-        """Move the clock forward by ``delta`` (a timedelta, or seconds); returns the new
-        now. Tasks that come due are not run: ``drain`` runs them."""
+        """Move the clock forward by ``delta`` (a timedelta, or seconds): at least 0 and at
+        most :data:`MAX_STEP_S` (ten years, the longest delay a task takes), and never past
+        the year 9999; returns the new now. Tasks that come due are not run: ``drain`` runs
+        them. ``advance_to`` moves it to a given (later) time."""
+        largest = min(MAX_STEP_S, (LAST_MS - self._ms) / 1000)
         if isinstance(delta, timedelta):
-            seconds = delta.total_seconds()
+            seconds: float = delta.total_seconds()
         elif isinstance(delta, int | float) and not isinstance(delta, bool):
-            seconds = float(delta)
+            seconds = delta
         else:
+            seconds = math.nan  # refused below, with the bounds
+        if not 0 <= seconds <= largest:  # (NaN too)
             raise ConfigurationError(
-                f"advance() takes a timedelta or seconds, got {type(delta).__name__}"
+                f"advance(delta={delta!r:.100}): the clock moves forward by seconds (an int or "
+                f"float) or a timedelta, from 0 to {largest:,.0f} s a step (ten years, and "
+                "never past the year 9999); advance_to(when) moves it to a later time"
             )
-        if not seconds >= 0:  # also refuses NaN
-            raise ConfigurationError(f"the clock only moves forward: advance({delta!r})")
         self._ms += round(seconds * 1000)
         return self.now()
 

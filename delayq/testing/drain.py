@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from delayq import leasing
+from delayq import check, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.core import QueueCore, as_str
@@ -107,6 +107,7 @@ class Drained:
 
     def by_kind(self, kind: str) -> list[Ran]:
         """The attempts of tasks of ``kind`` (a cron schedule's are ``cron:<name>``)."""
+        check.text(kind, "kind")
         return [r for r in self.ran if r.kind == kind]
 
     def __iter__(self) -> Iterator[Ran]:
@@ -135,6 +136,9 @@ class InlineThreads(HandlerThreads):
 
 
 def _clock_of(worker: Worker) -> VirtualClock:
+    from delayq.worker.worker import Worker  # (on first use, as delayq.worker imports it)
+
+    check.instance(worker, "worker", Worker, "the Worker whose tasks to run")
     if len(worker.queues) > 1:
         names = ", ".join(repr(q.name) for q in worker.queues)
         raise ConfigurationError(
@@ -295,6 +299,7 @@ async def adrain(
     raise_errors: bool = False,
 ) -> Drained:
     """``drain`` for asyncio tests: the same, on the running event loop."""
+    check.flag(raise_errors, "raise_errors")
     clock = _clock_of(worker)
     target = _target_ms(clock, until)
     return await _Drain(worker, clock, raise_errors).run(target)
@@ -321,6 +326,8 @@ def drain(
     Called from blocking code; from a coroutine, ``await adrain(...)``. On-startup hooks
     run at the start of each drain.
     """
+    check.flag(raise_errors, "raise_errors")
+    _target_ms(_clock_of(worker), until)  # (a wrong worker or until: refused before a loop)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

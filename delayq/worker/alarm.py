@@ -87,9 +87,13 @@ class Alarm:
         self._libc = libc
         self.fd = fd
         self._times: list[float] = []  # loop times to go off at, a heap (cancelled ones too)
-        # Runs' timers (at(..., spin=True)) not yet reported run or cancelled: a heap, and
-        # those reported (removed from the heap when they reach its top).
+        # Runs' timers (at(..., spin=True)) not yet reported run or cancelled: a heap, how
+        # many of each time it holds, and how many of those are reported (removed from the
+        # heap when they reach its top). A report of a time the heap no longer holds (one
+        # dropped as stale, after a loop that stalled) is not kept: so both counters have
+        # no more entries than the heap, which holds only the last STALE_S's and later.
         self._unrun: list[float] = []
+        self._held: Counter[float] = Counter()
         self._ran: Counter[float] = Counter()
         self.armed: float | None = None  # the loop time the timerfd goes off (None: idle)
         self.wakes = 0  # times the timerfd woke the loop
@@ -107,6 +111,7 @@ class Alarm:
             return  # closed
         if spin:
             heapq.heappush(self._unrun, when)
+            self._held[when] += 1
             when -= SPIN_S
         if when <= self.loop.time():
             if not spin:
@@ -121,7 +126,8 @@ class Alarm:
         is cancelled: the next one may now be waited for."""
         if self.fd < 0:
             return
-        self._ran[when] += 1
+        if self._ran[when] < self._held[when]:
+            self._ran[when] += 1
         nxt = self._next_unrun(self.loop.time())
         if nxt is not None and nxt - SPIN_S < (self.armed if self.armed is not None else nxt):
             self._arm(max(nxt - SPIN_S, self.loop.time()))
@@ -133,15 +139,11 @@ class Alarm:
         while unrun:
             top = unrun[0]
             if ran.get(top):
-                heapq.heappop(unrun)
-                if ran[top] == 1:
-                    del ran[top]
-                else:
-                    ran[top] -= 1
-            elif top < now - STALE_S:
-                heapq.heappop(unrun)
-            else:
+                _take(ran, top)
+            elif top >= now - STALE_S:
                 return top
+            heapq.heappop(unrun)
+            _take(self._held, top)
         return None
 
     def _arm(self, when: float) -> None:
@@ -201,7 +203,16 @@ class Alarm:
         self.fd = -1
         self._times.clear()
         self._unrun.clear()
+        self._held.clear()
         self._ran.clear()
+
+
+def _take(counts: Counter[float], key: float) -> None:
+    """One fewer of ``key`` (its entry gone at none)."""
+    if counts[key] == 1:
+        del counts[key]
+    else:
+        counts[key] -= 1
 
 
 def make_alarm(loop: asyncio.AbstractEventLoop) -> Alarm | None:

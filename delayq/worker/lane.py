@@ -42,10 +42,11 @@ REREGISTER_EVERY_S = 60.0
 
 def checked_queues(queue: QueueLike | Sequence[QueueLike]) -> tuple[QueueLike, ...]:
     """The worker's queues: one, or several on the same server, each named once."""
-    queues = (queue,) if isinstance(queue, (Queue, AsyncQueue)) else tuple(queue)
+    listed = isinstance(queue, Sequence) and not isinstance(queue, str | bytes)
+    queues = (queue,) if isinstance(queue, (Queue, AsyncQueue)) else tuple(queue) if listed else ()
     if not queues or not all(isinstance(q, (Queue, AsyncQueue)) for q in queues):
         raise ConfigurationError(
-            f"a Worker takes a Queue (or AsyncQueue), or a list of them, got {queue!r}"
+            f"Worker(queue=) takes a Queue (or AsyncQueue), or a list of them, got {queue!r:.200}"
         )
     first = queues[0]
     names = [q.name for q in queues]

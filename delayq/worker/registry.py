@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from delayq import check
 from delayq.backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
 from delayq.core import MAX_ATTEMPTS, validate_kind
 from delayq.errors import ConfigurationError
@@ -53,17 +54,8 @@ def make_handler(
     validate_kind(kind)
     if not callable(fn):
         raise ConfigurationError(f"handler for {kind!r} is not callable: {fn!r}")
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= MAX_ATTEMPTS
-    ):
-        raise ConfigurationError(
-            f"max_attempts for {kind!r} must be an int from 1 to {MAX_ATTEMPTS:,}, "
-            f"got {max_attempts!r}"
-        )
-    if not 0 <= jitter <= 1:
-        raise ConfigurationError(f"jitter for {kind!r} must be between 0 and 1, got {jitter!r}")
+    check.whole(max_attempts, "max_attempts", 1, MAX_ATTEMPTS, hint=f" (for {kind!r})")
+    jitter = check.real(jitter, "jitter", 0, 1, hint=f" (a share of the backoff, for {kind!r})")
     return Handler(
         kind=kind,
         fn=fn,

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from delayq import controls, hooks, leasing
+from delayq import check, controls, hooks, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
 from delayq.cron.worker import Schedules
@@ -44,6 +44,12 @@ from delayq.worker.events import Events, Listener
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
 from delayq.worker.lane import REGISTER_EVERY_S, Lane, QueueLike, checked_queues
+from delayq.worker.options import (
+    checked_client,
+    checked_concurrency,
+    checked_hook,
+    checked_lease,
+)
 from delayq.worker.outcome import Finisher
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 from delayq.worker.runs import Runs
@@ -55,28 +61,6 @@ log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
 WORKER_SOCKET_TIMEOUT_S = 5.0
-# One handler thread per slot is started up front: beyond this, more processes serve better.
-MAX_CONCURRENCY = 10_000
-
-
-def _checked_concurrency(concurrency: int) -> int:
-    if (
-        isinstance(concurrency, bool)
-        or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= MAX_CONCURRENCY
-    ):
-        raise ConfigurationError(
-            f"concurrency must be an int from 1 to {MAX_CONCURRENCY:,} (it is also the "
-            f"number of handler threads), got {concurrency!r}"
-        )
-    return concurrency
-
-
-def _checked_lease(lease: float | timedelta) -> float:
-    lease_s = config_seconds(lease, "lease")
-    if lease_s < 1:
-        raise ConfigurationError(f"lease must be at least 1 second, got {lease_s}")
-    return lease_s
 
 
 class Worker:
@@ -133,13 +117,13 @@ class Worker:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
         self.core = self.queue.core
-        self.concurrency = _checked_concurrency(concurrency)
-        self.lease_s = _checked_lease(lease)
+        self.concurrency = checked_concurrency(concurrency)
+        self.lease_s = checked_lease(lease)
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
         self.max_wait_s = config_seconds(max_wait, "max_wait")
-        self._client_arg = client
-        self.freeze_gc = freeze_gc
+        self._client_arg = checked_client(client)
+        self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
         # One lane per queue: its registry (the lanes share the on_dead hooks), start-up
         # hooks (on_startup's go with the first), registration and, serving, its parts.
         self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
@@ -154,7 +138,8 @@ class Worker:
         self._ctx: WorkerContext | None = None
         self.clock = ServerClock()
         self.events = Events()
-        self.expiry = ExpiryWatcher(configure=configure_notifications)
+        configure = check.flag(configure_notifications, "configure_notifications")
+        self.expiry = ExpiryWatcher(configure=configure)
         self._expiry_lane: int | None = None  # the queue whose keys on_expire watches
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
@@ -329,14 +314,18 @@ class Worker:
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
-        self.events.listeners.append(listener)
+        self.events.listeners.append(
+            checked_hook(listener, "add_listener(listener)", "a TaskEvent")
+        )
 
     def on_startup(
         self, fn: Callable[[Worker], Awaitable[None]]
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self.lanes[0].startup.append(_WorkerHook(fn, self))
+        self.lanes[0].startup.append(
+            _WorkerHook(checked_hook(fn, "on_startup(fn)", "async, the worker"), self)
+        )
         return fn
 
     @property
@@ -368,7 +357,9 @@ class Worker:
 
     def on_dead(self, fn: HandlerFn) -> HandlerFn:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
-        self.lanes[0].registry.on_dead.append(fn)
+        self.lanes[0].registry.on_dead.append(
+            checked_hook(fn, "on_dead(fn)", "task_id, reason, task")
+        )
         return fn
 
     def configure(
@@ -379,11 +370,11 @@ class Worker:
         if self._loop is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
-        most = self.concurrency if concurrency is None else _checked_concurrency(concurrency)
+        most = self.concurrency if concurrency is None else checked_concurrency(concurrency)
         for lane in self.lanes:
             for kind, cap in lane.registry.caps().items():
                 controls.checked_concurrency(kind, cap, most)
-        lease_s = self.lease_s if lease is None else _checked_lease(lease)
+        lease_s = self.lease_s if lease is None else checked_lease(lease)
         self.concurrency, self.lease_s = most, lease_s
 
     # -- serving ----------------------------------------------------------------------------
@@ -462,6 +453,7 @@ class Worker:
 
     async def serve(self, *, install_signals: bool = False) -> None:
         """Serve on the running event loop until :meth:`stop` (or a signal)."""
+        check.flag(install_signals, "install_signals")
         self.middleware_in_use()  # a bad process-wide middleware: refused before connecting
         loop = asyncio.get_running_loop()
         self._loop = loop

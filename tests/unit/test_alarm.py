@@ -7,6 +7,7 @@ import asyncio
 import random
 import statistics
 import sys
+import time
 
 import pytest
 
@@ -210,6 +211,49 @@ def test_a_runs_timer_never_reported_stops_holding_the_waits_back_after_a_while(
             alarm.at(loop.time() - 0.001, spin=True)  # never reported (a bug elsewhere)
             await asyncio.sleep(0.02)
             await _until_one_is_waited_for(alarm)
+        finally:
+            alarm.close()
+
+    asyncio.run(main())
+
+
+@linux
+def test_reports_after_a_stall_leave_no_bookkeeping_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding 8: a run's timer dropped as stale (the loop stalled past STALE_S) and then
+    reported kept an entry in the alarm's counts for good, one per stall. Now what it keeps
+    is bounded by the timers it holds (seen failing before: 50 entries after 50 stalls)."""
+    monkeypatch.setattr(alarm_mod, "STALE_S", 0.005)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        alarm = make_alarm(loop)
+        assert alarm is not None
+        try:
+            for _ in range(50):
+                late = loop.time() + 0.0005
+                alarm.at(late, spin=True)
+                time.sleep(0.008)  # the loop stalls past STALE_S before the run is reported
+                nxt = loop.time() + 0.0005
+                alarm.at(nxt, spin=True)
+                await asyncio.sleep(0.002)  # the alarm goes off for it, and drops the stale one
+                alarm.ran(late)  # the stalled run's report, at last
+                alarm.ran(nxt)
+            assert len(alarm._ran) == 0  # (before: one entry per stall)
+            assert alarm.unreported == 0 and not alarm._held and alarm._unrun == []
+            # Reports of timers still held are kept, and consumed, as before.
+            a, b = loop.time() + 0.5, loop.time() + 0.6
+            alarm.at(a, spin=True)
+            alarm.at(b, spin=True)
+            alarm.at(b, spin=True)
+            alarm.ran(b)
+            assert alarm.unreported == 2 and alarm._ran == {b: 1}
+            alarm.ran(b)
+            alarm.ran(b)  # one report too many: not kept
+            assert alarm._ran == {b: 2} and alarm.unreported == 1
+            alarm.ran(a)
+            assert alarm.unreported == 0 and len(alarm._unrun) == 0 and not alarm._ran
         finally:
             alarm.close()
 

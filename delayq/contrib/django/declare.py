@@ -1,0 +1,193 @@
+"""Handlers declared in each app's ``tasks.py``, and the worker that runs them.
+
+``@handler("order.close", queue="orders", max_attempts=3)`` (and ``cron``, ``every``,
+``on_expire``) takes the arguments of the ``Worker`` method of the same name. It registers
+nothing anywhere: it records the declaration on the function itself and returns the
+function unchanged, so a ``tasks.py`` can be imported by a web process (or a test) without
+side effects. :func:`discover` imports ``<app>.<TASKS_MODULE>`` of every installed app and
+collects the declared functions it finds there, in ``INSTALLED_APPS`` order and in the
+order each module defines them; :func:`make_worker` builds a ``Worker`` of the configured
+queues and registers them on it, each wrapped by :func:`delayq.contrib.django.db.managed`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import module_has_submodule
+
+from delayq.contrib.django import conf, db
+from delayq.contrib.django.queues import registry
+from delayq.errors import ConfigurationError
+from delayq.worker.worker import Worker
+
+F = TypeVar("F", bound=Callable[..., Any])
+Method = Literal["handler", "cron", "every", "on_expire"]
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+ATTR = "__delayq_declarations__"
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One ``@handler``/``@cron``/``@every``/``@on_expire`` of a function: the ``Worker``
+    method, its arguments, and the configured queue it names (None: as the Worker's default)."""
+
+    method: Method
+    args: tuple[Any, ...]
+    queue: str | None
+    fn: Callable[..., Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def where(self) -> str:
+        name = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
+        return f"@delayq.contrib.django.{self.method} of {name}"
+
+
+def _declare(
+    method: Method, args: tuple[Any, ...], queue: str | None, options: dict[str, Any]
+) -> Callable[[F], F]:
+    if queue is not None and not isinstance(queue, str):
+        raise ImproperlyConfigured(
+            f"@delayq.contrib.django.{method}(queue=...) takes the name of a queue of "
+            f"settings.DELAYQ['QUEUES'], got {queue!r}"
+        )
+
+    def declare(fn: F) -> F:
+        if not isinstance(fn, types.FunctionType):
+            raise ImproperlyConfigured(
+                f"@delayq.contrib.django.{method} decorates a function (def or async def) "
+                f"at the top of a tasks module, got {fn!r}"
+            )
+        found: list[Declaration] = fn.__dict__.setdefault(ATTR, [])
+        found.append(Declaration(method, args, queue, fn, dict(options)))
+        return fn
+
+    return declare
+
+
+def handler(kind: Any, *, queue: str | None = None, **options: Any) -> Callable[[F], F]:
+    """Declare the decorated function the handler of ``kind`` (sync or async), with the
+    options of ``Worker.handler`` (``max_attempts``, ``backoff``, ``jitter``, ``timeout``,
+    ``concurrency``). ``queue``: a configured queue's name (default: every queue the worker
+    serves)."""
+    return _declare("handler", (kind,), queue, options)
+
+
+def cron(expression: str, *, queue: str | None = None, **options: Any) -> Callable[[F], F]:
+    """Declare a cron schedule (``Worker.cron``): ``@cron("0 2 * * *", tz="Europe/Paris")``."""
+    return _declare("cron", (expression,), queue, options)
+
+
+def every(*interval: Any, queue: str | None = None, **options: Any) -> Callable[[F], F]:
+    """Declare an interval schedule (``Worker.every``): ``@every(minutes=5, name="sweep")``."""
+    return _declare("every", interval, queue, options)
+
+
+def on_expire(pattern: str, *, queue: str | None = None, **options: Any) -> Callable[[F], F]:
+    """Declare an expiring key's callback (``Worker.on_expire``): ``@on_expire("cart:*")``."""
+    return _declare("on_expire", (pattern,), queue, options)
+
+
+def declarations_of(module: types.ModuleType) -> list[Declaration]:
+    """The declarations of the functions a module holds, in its order."""
+    out: list[Declaration] = []
+    for value in list(vars(module).values()):
+        if isinstance(value, types.FunctionType):
+            out.extend(value.__dict__.get(ATTR, ()))
+    return out
+
+
+def discover(module: str | None = None) -> list[Declaration]:
+    """Import ``<app>.<module>`` (default: ``settings.DELAYQ["TASKS_MODULE"]``, ``tasks``)
+    of every installed app that has one, and return the declarations found there, each
+    once (a function imported into two tasks modules is declared once)."""
+    name = module or conf.read().tasks_module
+    out: list[Declaration] = []
+    seen: set[int] = set()
+    for app in apps.get_app_configs():
+        if not module_has_submodule(app.module, name):
+            continue
+        for declaration in declarations_of(importlib.import_module(f"{app.name}.{name}")):
+            if id(declaration) not in seen:
+                seen.add(id(declaration))
+                out.append(declaration)
+    return out
+
+
+def make_worker(
+    queues: Sequence[str] | None = None,
+    *,
+    declarations: Sequence[Declaration] | None = None,
+    wrap: Wrap = db.managed,
+    relay: bool = False,
+    **options: Any,
+) -> Worker:
+    """A ``Worker`` of the configured ``queues`` (default: all of them) with the discovered
+    declarations registered on it (those naming another queue are left to its worker).
+    ``options``: ``Worker(...)`` arguments over ``settings.DELAYQ["WORKER"]``'s. ``wrap``:
+    what each function is registered as (``db.managed``: closed or checked connections).
+    ``relay``: with ``DELAYQ["OUTBOX"]``, also relay the outbox every ``OUTBOX_EVERY``
+    seconds (``manage.py delayq_worker`` does; a test calls ``outbox.relay()`` itself).
+
+    Raises:
+        ImproperlyConfigured: an unknown queue, a bad ``WORKER`` option, or a declaration
+            the worker refuses (the message names the function).
+    """
+    config = conf.read()
+    names = list(queues) if queues else list(config.queues)
+    for name in names:
+        config.queue(name)  # an unknown name is refused by name
+    try:
+        qs = [registry.queue(name) for name in names]
+        worker = Worker(qs[0] if len(qs) == 1 else qs, **{**config.worker, **options})
+    except ConfigurationError as e:
+        raise ImproperlyConfigured(f"settings.DELAYQ['WORKER'] or its queues: {e}") from None
+    found = list(discover() if declarations is None else declarations)
+    if relay and config.outbox:
+        from delayq.contrib.django import outbox  # its model needs the apps loaded
+
+        found.append(
+            Declaration(
+                "every",
+                (config.outbox_every,),
+                names[0],
+                outbox.relay_occurrence,
+                {"name": outbox.RELAY_SCHEDULE},
+            )
+        )
+    for declaration in found:
+        if declaration.queue is not None:
+            config.queue(declaration.queue)
+            if declaration.queue not in names:
+                continue  # another worker's (manage.py delayq_worker --queue ...)
+        register(worker, declaration, wrap)
+    return worker
+
+
+def register(worker: Worker, declaration: Declaration, wrap: Wrap = db.managed) -> None:
+    """Register one declaration on ``worker``, the function wrapped by ``wrap``."""
+    options = dict(declaration.options)
+    if declaration.queue is not None:
+        options["queue"] = declaration.queue
+    method = getattr(worker, declaration.method)
+    try:
+        method(*declaration.args, **options)(wrap(declaration.fn))
+    except (ConfigurationError, TypeError) as e:
+        raise ImproperlyConfigured(f"{declaration.where()}: {e}") from None
+
+
+def find_handler(queue: str, kind: str) -> Declaration | None:
+    """The discovered ``@handler`` of ``kind`` on the configured ``queue`` (eager mode)."""
+    for declaration in discover():
+        if declaration.method != "handler" or declaration.queue not in (None, queue):
+            continue
+        declared = declaration.args[0]
+        if getattr(declared, "kind", declared) == kind:  # a kind, or a typed task's
+            return declaration
+    return None
