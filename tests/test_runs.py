@@ -58,7 +58,7 @@ def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any
     async def k(task: Task) -> None:
         with lock:
             runs_seen[task.id] = runs_seen.get(task.id, 0) + 1
-            lowest[0] = min(lowest[0], worker.runs.busy)
+            lowest[0] = min(lowest[0], worker.engine.runs.busy)
         if runs_seen[task.id] <= 3:
             raise Defer(1)
         await asyncio.sleep(0)
@@ -67,7 +67,7 @@ def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any
         for i in range(150):
             queue.schedule("k", i, task_id=f"d{i}")
         wait_for(lambda: queue.stats().done == 150, timeout=30)
-        wait_for(lambda: worker.runs.busy == 0, timeout=5)
+        wait_for(lambda: worker.engine.runs.busy == 0, timeout=5)
     assert lowest[0] >= 0
     assert set(runs_seen.values()) == {4}  # three defers and one run each, no extra runs
     assert queue.stats().counters.get("leases_expired", 0) == 0

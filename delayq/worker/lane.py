@@ -10,25 +10,31 @@ holds and its per-kind caps; :class:`~delayq.worker.runs.Runs` keeps each run's 
 the run's lane, since the same task id may be held on two queues at once. The concurrency
 slots are the worker's, shared by its lanes.
 
-A new per-queue setting goes here: declared on the lane, handed to its parts by
-:meth:`open`.
+A feature (periodic schedules, expiring keys: ``worker/features/``) plugs into a lane as an
+:class:`Extension`, an object with named hooks, as Dramatiq's middleware is: the engine
+calls them and knows no feature by name.
+
+A new per-queue setting goes on the lane: declared here, handed to its parts by
+:meth:`Lane.open`. A new feature is an Extension in ``worker/features/`` (its pure parts,
+script calls and parsing, in a package of its own beside ``cron/`` and ``expiring/``) and a
+decorator on the Worker that adds it to a lane.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from delayq.connection import redact
 from delayq.errors import ConfigurationError
 from delayq.queue import AsyncQueue, Queue
-from delayq.worker.context import StartupHook, WorkerContext
+from delayq.worker.context import Loop, StartupHook, WorkerContext
 from delayq.worker.execute import Executor
 from delayq.worker.heartbeat import Heartbeat
 from delayq.worker.outcome import Finisher
-from delayq.worker.registry import Registry
+from delayq.worker.registry import Handler, Registry
 
 if TYPE_CHECKING:
     from delayq.worker.runs import Run
@@ -97,6 +103,38 @@ class Registration:
         self.full_at = -REREGISTER_EVERY_S
 
 
+class Extension(Protocol):
+    """A feature's hooks into one lane of a worker, called in this order:
+
+    1. :meth:`register`, when it is added to the lane (:meth:`Lane.add`, before serving);
+    2. :meth:`attach`, whenever a context is built for the lane: when the worker begins to
+       serve, and when ``delayq.testing.drain`` builds its own;
+    3. :meth:`loops`, started under the worker's supervision once the worker's own loops
+       run, and cancelled when it exits;
+    4. :meth:`startup`, awaited before the first claim, in the order of declaration with
+       ``on_startup``'s, if :meth:`register` (or a later declaration) put it in
+       ``lane.startup``: an extension with nothing declared yet has nothing to start.
+
+    A loop that must follow the start-up pass is started by that pass (``ctx.supervise``).
+    """
+
+    def register(self, lane: Lane) -> None:
+        """Added to ``lane``: declare its handlers there (``lane.registry``)."""
+
+    def attach(self, ctx: WorkerContext) -> None:
+        """A context is built for the lane: take it, and wire into it what needs no I/O (a
+        channel on the waker's connection, say)."""
+
+    def loops(self) -> Sequence[tuple[str, Loop]]:
+        """Its background loops, by name."""
+
+    async def startup(self, ctx: WorkerContext) -> None:
+        """Its start-up, with the lane's context (see the class docstring)."""
+
+
+X = TypeVar("X", bound=Extension)
+
+
 class Lane:
     """One of a worker's queues, and everything the worker keeps for it (module docstring).
 
@@ -117,6 +155,7 @@ class Lane:
         # Awaited in order with the lane's context once serving has begun, before the first
         # claim: on_startup's (on the first lane) and the extensions' own (cron's pass).
         self.startup: list[StartupHook] = []
+        self.extensions: list[Extension] = []
         self.registration = Registration()
         # The runs held here (Runs): the current run of each task, and the leases the
         # heartbeat extends (id -> token; a run leaves it once its outcome is handed to the
@@ -127,6 +166,19 @@ class Lane:
         # not yet finished); empty when no handler has a cap, and then nothing is counted.
         self.caps: dict[str, int] = {}
         self.of_kind: dict[str, set[Run]] = {}
+
+    def add(self, extension: X) -> X:
+        """Plug ``extension`` into this lane; returns it."""
+        extension.register(self)
+        self.extensions.append(extension)
+        return extension
+
+    def extension(self, kind: type[X]) -> X | None:
+        """The lane's extension of type ``kind``, if one was added."""
+        for ext in self.extensions:
+            if isinstance(ext, kind):
+                return ext
+        return None
 
     def open(
         self, ctx: WorkerContext, executor: Executor, finisher: Finisher, heartbeat: Heartbeat
@@ -145,3 +197,59 @@ class Lane:
 
     def __repr__(self) -> str:
         return f"Lane({self.name!r})"
+
+
+def lane_of(lanes: Sequence[Lane], queue: QueueLike | str) -> Lane:
+    """The lane of ``queue``, given as itself or by name (``queue=`` of the decorators)."""
+    for lane in lanes:
+        q = lane.queue
+        if (
+            q is queue
+            or q.name == queue
+            or (isinstance(queue, (Queue, AsyncQueue)) and q.name == queue.name)
+        ):
+            return lane
+    name = queue.name if isinstance(queue, (Queue, AsyncQueue)) else queue
+    raise ConfigurationError(
+        f"queue={name!r} is not one of this worker's queues "
+        f"({', '.join(repr(lane.name) for lane in lanes)}): pass one of them"
+    )
+
+
+def one_lane(lanes: Sequence[Lane], queue: QueueLike | str | None, what: str) -> Lane:
+    """The lane a cron schedule or an expiry callback belongs to: ``queue=``'s, else the only
+    one; a worker of several queues must be told which."""
+    if queue is not None:
+        return lane_of(lanes, queue)
+    if len(lanes) > 1:
+        raise ConfigurationError(
+            f"this worker serves several queues ({', '.join(lane.name for lane in lanes)}):"
+            f" pass queue= to {what} to say which queue it belongs to"
+        )
+    return lanes[0]
+
+
+def add_handler(lanes: Sequence[Lane], to: Sequence[Lane], handler: Handler) -> None:
+    """``handler`` on each lane of ``to`` (of the worker's ``lanes``), or on none: a kind
+    taken on one of them is refused first."""
+    taken = [lane.name for lane in to if lane.registry.get(handler.kind)]
+    if taken:
+        where = f" on queue {taken[0]!r}" if len(lanes) > 1 else ""
+        raise ConfigurationError(f"a handler for {handler.kind!r} is already registered{where}")
+    for lane in to:
+        lane.registry.add(handler)
+
+
+class WorkerHook:
+    """A function given to ``Worker.on_startup``: awaited with the worker, not the
+    context."""
+
+    def __init__(self, fn: Callable[[Any], Awaitable[None]], worker: Any) -> None:
+        self.fn = fn
+        self.worker = worker
+
+    def __call__(self, ctx: WorkerContext) -> Awaitable[None]:
+        return self.fn(self.worker)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
