@@ -395,8 +395,10 @@ def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
 
 
 def as_str(value: Any) -> str:
-    """A reply's value as text (replies come as bytes; tests may pass str)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply's value as text (replies come as bytes; tests may pass str). What delayq writes
+    is UTF-8; bytes another program wrote that are not show as ``\\xNN`` (a dead task buried
+    by its raw id, say), rather than fail the whole reply."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def as_bytes(value: Any) -> bytes:
@@ -828,25 +830,39 @@ class QueueCore:
 
 
 def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str) -> WorkerInfo:
-    """A registration as stored by the worker (JSON), tolerant of missing fields."""
+    """A registration as stored by the worker (JSON), tolerant of missing fields and of
+    whatever another program wrote there: a field that cannot be read keeps its default (a
+    worker's cron pass reads every registration, and one must not stop it)."""
     try:
         data = json.loads(info) if info else {}
     except ValueError:
         data = {}
-    beat = float(data.get("beat", 10.0))
-    started = data.get("started")
+    if not isinstance(data, dict):
+        data = {}
+    beat = _number(data.get("beat"), 10.0)
+    started = _number(data.get("started"), 0.0)
+    kinds = data.get("kinds")
     return WorkerInfo(
         id=tid,
         queue=queue,
         host=str(data.get("host", "?")),
-        pid=int(data.get("pid", 0)),
-        concurrency=int(data.get("concurrency", 0)),
-        in_flight=int(data.get("in_flight", 0)),
-        kinds=[str(k) for k in data.get("kinds", [])],
-        started_at=ms_to_datetime(float(started) * 1000) if started else None,
+        pid=int(_number(data.get("pid"), 0)),
+        concurrency=int(_number(data.get("concurrency"), 0)),
+        in_flight=int(_number(data.get("in_flight"), 0)),
+        kinds=[str(k) for k in kinds] if isinstance(kinds, list) else [],
+        started_at=ms_to_datetime(started * 1000) if started else None,
         last_seen=ms_to_datetime(seen_ms),
         alive=now_ms - seen_ms <= 3 * beat * 1000,
     )
+
+
+def _number(value: Any, default: float) -> float:
+    """A finite number of a registration (JSON), else ``default``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+        if number - number == 0:  # (not inf or nan)
+            return number
+    return default
 
 
 def _state(state: str) -> State:

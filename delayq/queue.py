@@ -257,6 +257,7 @@ class _Base(Generic[C]):
 
     @property
     def name(self) -> str:
+        """The queue's name."""
         return self.core.name
 
     def _schedule_ops(
@@ -621,9 +622,13 @@ class Queue(_Base[redis.Redis]):
         return self.runner.drive(self._checked(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
+        """The task with this id (its state, times, attempts, headers, payload and last
+        error), or None if the queue holds no such task."""
         return self.runner.drive(self._checked(self._of(task_id).get(task_id)))
 
     def stats(self) -> QueueStats:
+        """How many tasks are in each state, the head of the schedule and the queue's
+        counters, as of the server's clock (every shard of a split queue added up)."""
         return self.runner.drive(self._stats_plan())
 
     def dead(self, offset: int = 0, limit: int = 100) -> list[TaskInfo]:
@@ -705,6 +710,7 @@ class Queue(_Base[redis.Redis]):
         return self.runner.drive(self._pause_plan(False))
 
     def paused(self) -> bool:
+        """Whether the queue is paused (:meth:`pause`)."""
         return self.controls().paused
 
     def controls(self) -> Controls:
@@ -712,6 +718,8 @@ class Queue(_Base[redis.Redis]):
         return self.runner.drive(self._read_controls_plan())
 
     def close(self) -> None:
+        """Close the connections the queue opened (a ``client=`` given stays open); ``with
+        Queue(...) as queue:`` closes them at the end."""
         if self._owns_client:
             if self._runner is not None and self._runner.held is not None:
                 self._runner.held.close()

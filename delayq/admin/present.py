@@ -1,13 +1,22 @@
-"""Showing tasks and times to people: shared by the CLI and the dashboard. Pure."""
+"""Showing tasks and times to people: shared by the CLI, the demo and the dashboard. Pure,
+but for :func:`console`, which makes (and does not use) a terminal's console."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
 from typing import Any
 
+from rich.console import Console
+
 from delayq.task import TaskInfo
+
+# The width of a console that is not a terminal: no limit that a table or a line reaches, so
+# a pipe or a file gets every line whole (rich pads nothing to the width).
+UNLIMITED = 100_000
+COLUMNS_ENV = "COLUMNS"  # a width asked for, which rich reads too
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -109,3 +118,13 @@ def timestamp(when: datetime | None) -> str:
     if when is None:
         return "-"
     return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr): a terminal's own width, and on a pipe or a file
+    no width at all (rich would cut tables and wrap lines at 80 columns), so that what is
+    piped is laid out as a wide terminal shows it; ``$COLUMNS`` still sets one."""
+    out = Console(stderr=stderr)
+    if out.is_terminal or os.environ.get(COLUMNS_ENV):
+        return out
+    return Console(stderr=stderr, width=UNLIMITED)

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from delayq.cli.admin import info, schedule, task
-from delayq.cli.common import QUEUE_ENV, duration
+from delayq.cli.common import QUEUE_ENV, browsable, duration
 from delayq.cli.controls import limit, pause, resume
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
@@ -103,11 +103,26 @@ SIGTERM/SIGINT are forwarded to all of them, which finish their running tasks wi
 the worker's grace; children that keep failing at start make it exit 1. With
 --metrics-port the supervisor serves all of their metrics on that one port.
 
+Every option but --url can come from the environment instead (its variable is shown
+beside it); an option on the command line wins.
+
 \b
 Environment:
   {URL_ENV[0]}, {URL_ENV[1]}  Redis URL of APP's queues
   {BINARY_ENV}  server binary for --embedded
 """
+
+# The environment variables of delayq worker's options (--url has none: the app's queues
+# read DELAYQ_REDIS_URL themselves, and --url sets it).
+CONCURRENCY_ENV = "DELAYQ_CONCURRENCY"
+LEASE_ENV = "DELAYQ_LEASE"
+EMBEDDED_ENV = "DELAYQ_EMBEDDED"
+EMBEDDED_PORT_ENV = "DELAYQ_EMBEDDED_PORT"
+LOG_LEVEL_ENV = "DELAYQ_LOG_LEVEL"
+LOG_FORMAT_ENV = "DELAYQ_LOG_FORMAT"
+METRICS_PORT_ENV = "DELAYQ_METRICS_PORT"
+METRICS_HOST_ENV = "DELAYQ_METRICS_HOST"
+PROCESSES_ENV = "DELAYQ_PROCESSES"
 
 
 @main.command(help=WORKER_HELP)
@@ -122,29 +137,48 @@ Environment:
     "--concurrency",
     type=click.IntRange(1, MAX_CONCURRENCY),
     default=None,
+    envvar=CONCURRENCY_ENV,
+    show_envvar=True,
     help="Tasks run at once (handler threads) [default: APP's Worker(concurrency=)].",
 )
 @click.option(
     "--lease",
     metavar="DURATION",
     default=None,
+    envvar=LEASE_ENV,
+    show_envvar=True,
     help="How long a claimed task is held, e.g. 30s, 2m [default: APP's Worker(lease=)].",
 )
 @click.option(
     "--embedded",
     is_flag=True,
+    envvar=EMBEDDED_ENV,
+    show_envvar=True,
     help="Start a private server (data in .delayq/data) and point the app at it.",
+)
+@click.option(
+    "--embedded-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    envvar=EMBEDDED_PORT_ENV,
+    show_envvar=True,
+    help="The --embedded server's port, kept across restarts so that producers can find it "
+    "(implies --embedded) [default: a free port].",
 )
 @click.option(
     "--log-level",
     default="info",
     show_default=True,
+    envvar=LOG_LEVEL_ENV,
+    show_envvar=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option(
     "--log-format",
     default="text",
     show_default=True,
+    envvar=LOG_FORMAT_ENV,
+    show_envvar=True,
     type=click.Choice(["text", "json"]),
     help="json: one JSON object per line (time, level, logger, message, task_id, kind, "
     "attempt, queue, exception).",
@@ -153,6 +187,8 @@ Environment:
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
+    envvar=METRICS_PORT_ENV,
+    show_envvar=True,
     help="Serve Prometheus metrics on this port (/metrics); with --processes, the "
     "supervisor serves every worker process's there.",
 )
@@ -160,21 +196,28 @@ Environment:
     "--metrics-host",
     default="127.0.0.1",
     show_default=True,
+    envvar=METRICS_HOST_ENV,
+    show_envvar=True,
     help="Address for --metrics-port (0.0.0.0 to let a remote Prometheus scrape it).",
 )
 @click.option(
     "--processes",
     default="1",
     show_default=True,
+    envvar=PROCESSES_ENV,
+    show_envvar=True,
     metavar="N|auto",
     help="Worker processes under one supervisor (auto: one per core this process may use).",
 )
+@click.pass_context
 def worker(
+    ctx: click.Context,
     app: str,
     url: str | None,
     concurrency: int | None,
     lease: str | None,
     embedded: bool,
+    embedded_port: int | None,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -185,6 +228,9 @@ def worker(
     from delayq.processes.supervisor import process_count
     from delayq.worker.supervise import WorkerFailed
 
+    embedded, metrics_port = _from_the_environment(
+        ctx, url, embedded or embedded_port is not None, metrics_port
+    )
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
@@ -195,7 +241,7 @@ def worker(
     _logging(log_level, log_format)
     with ExitStack() as stack:
         if embedded:
-            url = _embedded(stack)
+            url = _embedded(stack, embedded_port)
         obj = _load_worker(app, url, concurrency, lease_s)
         if n > 1:
             options = [f"--log-level={log_level}", f"--log-format={log_format}"]
@@ -214,6 +260,31 @@ def worker(
             obj.run()
         except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
             raise click.ClickException(str(e)) from None
+
+
+def _from_the_environment(
+    ctx: click.Context, url: str | None, embedded: bool, metrics_port: int | None
+) -> tuple[bool, int | None]:
+    """--embedded and --metrics-port as this process should take them. The worker processes
+    of --processes inherit the supervisor's environment, and run with its --url (that of its
+    embedded server) and without --metrics-port (the supervisor serves their metrics): a
+    $DELAYQ_EMBEDDED or $DELAYQ_METRICS_PORT the supervisor read is not for them."""
+    from delayq.processes import child
+
+    env = click.core.ParameterSource.ENVIRONMENT
+    if (
+        embedded
+        and url is not None
+        and env
+        in (
+            ctx.get_parameter_source("embedded"),
+            ctx.get_parameter_source("embedded_port"),
+        )
+    ):
+        embedded = False  # --url on the command line wins over the environment
+    if child.supervised() and ctx.get_parameter_source("metrics_port") == env:
+        metrics_port = None
+    return embedded, metrics_port
 
 
 def _load_worker(app: str, url: str | None, concurrency: int | None, lease_s: Any) -> Any:
@@ -275,16 +346,34 @@ def _supervise(
     return supervisor.run()
 
 
-def _embedded(stack: ExitStack) -> str:
+def _embedded(stack: ExitStack, port: int | None = None) -> str:
     from delayq.embedded import EmbeddedServer
 
+    if port is not None:
+        _port_free(port)
     try:
-        server = stack.enter_context(EmbeddedServer(data_dir=".delayq/data"))
+        server = stack.enter_context(EmbeddedServer(port=port, data_dir=".delayq/data"))
     except ServerNotFound as e:
         raise click.ClickException(str(e)) from None
     # Logged, not echoed: with --log-format json every line of the stream is one object.
     log.info("embedded server on %s (data in .delayq/data)", server.url)
     return server.url
+
+
+def _port_free(port: int) -> None:
+    """Refuse a taken --embedded-port before starting the server: its start waits for an
+    answer on the port, which another server there would give."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise click.ClickException(
+                f"cannot start the embedded server on port {port}: {e.strerror or e} "
+                "(another server there? pick another --embedded-port, or leave it out for a "
+                "free one)"
+            ) from None
 
 
 def _serve_metrics(obj: Any, port: int, host: str) -> Callable[[], None]:
@@ -454,7 +543,9 @@ def api(
         sock = bind(host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
-    click.echo(f"delayq HTTP API on {base_url(sock)} (Redis {where})", err=True)
+    here, *elsewhere = browsable(base_url(sock))
+    others = "".join(f", from another machine {url}" for url in elsewhere)
+    click.echo(f"delayq HTTP API on {here}{others} (Redis {where})", err=True)
     try:
         serve(
             url,

@@ -63,7 +63,11 @@ def read(core: QueueCore, *, limit: int = READ_LIMIT, now_ms: int | None = None)
     def parse(r: Any) -> CronState:
         stored = {}
         for name_b, meta, state, _score in _READ.rows(r):
-            name, raw = as_str(name_b), as_bytes(meta)
+            try:
+                name = name_b.decode() if isinstance(name_b, bytes) else str(name_b)
+            except UnicodeDecodeError:  # another program's: no schedule of ours, nor one we
+                continue  # could name back (what the views show as text is not its name)
+            raw = as_bytes(meta)
             try:
                 data = json.loads(raw)
             except ValueError:

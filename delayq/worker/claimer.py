@@ -27,6 +27,7 @@ from delayq.core import QueueCore
 from delayq.errors import DelayqError
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
+from delayq.worker import unreadable
 from delayq.worker.clock import ServerClock
 from delayq.worker.lane import Lane
 from delayq.worker.runs import Runs
@@ -299,6 +300,8 @@ class Claimer:
                 lane.registration.unsent()
             raise
         self.clock.observe(result.now_us / 1000, sent, self.now())
+        if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
+            await unreadable.bury(self.runner, source.core, lane.executor, result.unreadable)
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self.to_loop(result.next_due_ms)
