@@ -35,7 +35,7 @@ from delayq.core import (
     task_ids,
     validate_task_id,
 )
-from delayq.cron import ops as cron_ops
+from delayq.cron import facade as cron
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.expiring.facade import AsyncExpiring, Expiring
 from delayq.hooks import BeforeSchedule
@@ -385,9 +385,9 @@ class _Base(Generic[C]):
         (reply,) = yield from batch_plan([op], self.durable)
         return reply
 
-    def _schedules_plan(self) -> Plan[list[cron_ops.ScheduleInfo]]:
-        state = yield from self._checked(cron_ops.read(self.core))
-        return cron_ops.schedules(state)
+    def _schedules_plan(self) -> Plan[list[cron.ScheduleInfo]]:
+        state = yield from self._checked(cron.read(self.core))
+        return cron.schedules(state)
 
     def _of(self, task_id: str) -> QueueCore:
         return self.shards.of(validate_task_id(task_id))
@@ -644,7 +644,7 @@ class Queue(_Base[redis.Redis]):
         unlike ``dead(offset=...)``."""
         return self.runner.drive(self._page_plan(state, limit, after))
 
-    def schedules(self) -> list[cron_ops.ScheduleInfo]:
+    def schedules(self) -> list[cron.ScheduleInfo]:
         """The periodic schedules stored on this queue (``delayq cron list``), by name."""
         return self.runner.drive(self._schedules_plan())
 
@@ -808,7 +808,7 @@ class AsyncQueue(_Base[aredis.Redis]):
     async def page(self, state: str, *, limit: int = 100, after: str | None = None) -> TaskPage:
         return await self.runner.drive(self._page_plan(state, limit, after))
 
-    async def schedules(self) -> list[cron_ops.ScheduleInfo]:
+    async def schedules(self) -> list[cron.ScheduleInfo]:
         return await self.runner.drive(self._schedules_plan())
 
     async def workers(self) -> list[WorkerInfo]:

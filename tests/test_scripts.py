@@ -1359,6 +1359,7 @@ def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
 
 
 def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq.cron import facade as cron_facade
     from delayq.cron import ops as cron_ops
     from delayq.cron.schedules import Decision, every_schedule
 
@@ -1366,7 +1367,7 @@ def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
     return [
         cron_ops.start(core, sched, "cron:s:1000", 1, 1000, Decision(True, 2000), now_ms=NOW),
         cron_ops.outcomes(core, [("s", "cron:s:1000", "succeeded", "")], now_ms=NOW),
-        cron_ops.read(core, now_ms=NOW),
+        cron_facade.read(core, now_ms=NOW),
         cron_ops.sync(core, [cron_ops.Change("s", b"", None)]),
     ]
 

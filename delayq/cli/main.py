@@ -16,13 +16,13 @@ import click
 from delayq.cli.admin import info, schedule, task
 from delayq.cli.common import QUEUE_ENV, browsable, duration
 from delayq.cli.controls import limit, pause, resume
+from delayq.cli.cron import cron
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
+from delayq.cli.protocol import protocol
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
-from delayq.cron.cli import cron
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
-from delayq.protocol.cli import protocol
 from delayq.worker.options import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
