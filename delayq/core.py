@@ -29,6 +29,7 @@ from delayq.codec import (
     encode_headers,
     encode_payload,
     get_codec,
+    header_end,
     record_prefix,
     split_record,
 )
@@ -509,8 +510,11 @@ class QueueCore:
         :class:`CheckedSpec` is not checked again: only its payload, by encoding it."""
         if ids is None:
             ids = task_ids(specs)
-        created_ms = str(self.wall_ms()).encode()
-        created = created_ms + b"}\n"
+        created = str(self.wall_ms()).encode()
+        # A record is its kind's prefix, the rest of its header line and its payload: the
+        # format is codec.py's (record_prefix, header_end). The end of a task's without
+        # headers is made once per call, for the first such task.
+        end = b""
         encode, limit, prefixes = self.codec.encode, self.max_payload, self._prefixes
         rest: list[Arg] = []
         for spec, tid in zip(specs, ids, strict=True):
@@ -526,11 +530,11 @@ class QueueCore:
             else:
                 head = b"" if spec.headers is None else encode_headers(spec.headers)
                 due = due_spec(spec.delay, spec.at)
-            # No headers: the record is as it always was (else they are the header's last
-            # field, after "c": codec.py).
-            record = prefix + created_ms + head + b"}\n" + data if head else prefix + created + data
-            rest += (tid, due, record)
-        return list(ids), rest
+            if head:
+                rest += (tid, due, prefix + header_end(created, head) + data)
+            else:
+                rest += (tid, due, prefix + (end or (end := header_end(created))) + data)
+        return ids if type(ids) is list else list(ids), rest  # (a caller's list is its own)
 
     def schedule(
         self,
@@ -579,8 +583,9 @@ class QueueCore:
         """One task whose id ``task_id`` was just made (:func:`new_task_id`), checked and
         encoded by :meth:`encode_tasks`: ``schedule_new.lua``, what ``schedule.lua`` does
         for a task new to the queue. Parses to its :class:`Scheduled`."""
-        _, (_, due, record) = self.encode_tasks((spec,), (task_id,))
-        now = self.now_arg(now_ms)
+        _, (_, due, record) = self.encode_tasks((spec,), [task_id])
+        # (now_arg's common case inline: the server's clock)
+        now = "" if now_ms is None and self.clock is None else self.now_arg(now_ms)
         keys = self._new_keys
         if keys is None:
             keys = self._new_keys = self.keys.names(_NEW.key_names)
