@@ -20,9 +20,12 @@ from delayq.cli.cron import cron
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
 from delayq.cli.protocol import protocol
+from delayq.cli.web import checked_token, limits_options
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
+from delayq.web.serve import Limits
+from delayq.web.tokens import MAKE_ONE
 from delayq.worker.options import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
@@ -470,8 +473,10 @@ watched keys, from any service (docs/http.md).
 
 Every request under /v1 and /readyz must carry 'Authorization: Bearer TOKEN'; /healthz
 and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
---token-file (at least 16 characters). With -q, only the queues named are served.
-Listens on 127.0.0.1 unless --host says otherwise.
+--token-file (at least 16 characters; spaces around it are dropped). With -q, only
+the queues named are served. Listens on 127.0.0.1 unless --host says otherwise, and says
+its URL once it listens. A slow client is cut off: see --header-timeout and
+--body-timeout.
 Needs the http extra: pip install 'delayq[http]'.
 
 \b
@@ -517,6 +522,7 @@ Environment:
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option("--access-log", is_flag=True, help="Log every request (never the token).")
+@limits_options
 def api(
     url: str | None,
     queues: tuple[str, ...],
@@ -526,9 +532,10 @@ def api(
     token_file: str | None,
     log_level: str,
     access_log: bool,
+    limits: Limits,
 ) -> None:
     try:
-        from delayq.http import base_url, bind, serve
+        from delayq.http import bind, serve
         from delayq.http.app import MIN_TOKEN
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
@@ -543,9 +550,6 @@ def api(
         sock = bind(host, port)
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
-    here, *elsewhere = browsable(base_url(sock))
-    others = "".join(f", from another machine {url}" for url in elsewhere)
-    click.echo(f"delayq HTTP API on {here}{others} (Redis {where})", err=True)
     try:
         serve(
             url,
@@ -554,29 +558,37 @@ def api(
             queues=[q for item in queues for q in item.replace(",", " ").split()],
             log_level=log_level,
             access_log=access_log,
+            limits=limits,
+            announce=lambda base: _announce_api(base, where),
         )
     except ConfigurationError as e:
         raise click.ClickException(str(e)) from None
 
 
+def _announce_api(base: str, where: str) -> None:
+    """Said once the API listens: a client that reads the URL can connect at once."""
+    here, *elsewhere = browsable(base)
+    others = "".join(f", from another machine {url}" for url in elsewhere)
+    click.echo(f"delayq HTTP API on {here}{others} (Redis {where})", err=True)
+
+
 def _api_token(token: str | None, token_file: str | None, least: int) -> str:
     if token and token_file:
         raise click.UsageError("pass --token or --token-file, not both")
+    hint = "--token"
     if token_file:
+        hint = "--token-file"
         try:
             with open(token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
+                token = f.readline()
         except OSError as e:
-            raise click.BadParameter(f"cannot read it: {e}", param_hint="--token-file") from None
-    if not token:
+            raise click.BadParameter(f"cannot read it: {e}", param_hint=hint) from None
+    elif not token:
         raise click.UsageError(
             "a token is required: pass --token-file PATH (or --token, or set "
-            "DELAYQ_API_TOKEN); make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            f"DELAYQ_API_TOKEN); make one with {MAKE_ONE}"
         )
-    if len(token) < least:
-        raise click.BadParameter(f"use at least {least} characters", param_hint="--token")
-    return token
+    return checked_token(token, least=least, what="the API token", param_hint=hint)
 
 
 main.add_command(schedule)

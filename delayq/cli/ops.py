@@ -24,8 +24,10 @@ from delayq.cli.common import (
     safe,
     url_option,
 )
+from delayq.cli.web import checked_token, limits_options
 from delayq.errors import MissingExtra
 from delayq.keys import MAX_SHARDS
+from delayq.web.serve import Limits
 
 # -- check ------------------------------------------------------------------------------------
 
@@ -163,6 +165,7 @@ def check(
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@limits_options
 def dashboard(
     url: str | None,
     queues: tuple[str, ...],
@@ -171,6 +174,7 @@ def dashboard(
     token: str | None,
     read_only: bool,
     log_level: str,
+    limits: Limits,
 ) -> None:
     """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host).
 
@@ -178,13 +182,17 @@ def dashboard(
     """
     try:
         from delayq.dashboard import bind, serve
+        from delayq.dashboard.auth import MIN_TOKEN
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
 
     generated = not token
-    token = token or secrets.token_urlsafe(24)
-    if len(token) < 8:
-        raise click.BadParameter("use at least 8 characters", param_hint="--token")
+    token = checked_token(
+        token or secrets.token_urlsafe(24),
+        least=MIN_TOKEN,
+        what="the dashboard token",
+        param_hint="--token",
+    )
     with connect(url, queues) as admin:
         admin.ping()
         try:
@@ -198,6 +206,7 @@ def dashboard(
             log_level=log_level,
             announce=lambda base: _announce(base, token, generated, read_only, admin.where),
             sock=sock,
+            limits=limits,
         )
 
 
