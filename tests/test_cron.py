@@ -291,7 +291,7 @@ def _claimed(queue: Queue, sched: Schedule, at: int) -> int:
 
 
 def cron_ops_task(queue: Queue, sched: Schedule, at: int) -> Any:
-    from delayq.core import TaskSpec
+    from delayq.spec import TaskSpec
 
     return TaskSpec(sched.kind, sched.payload(at), at=at / 1000, task_id=sched.occurrence_id(at))
 

@@ -22,12 +22,13 @@ import redis
 from delayq import Queue
 from delayq.admin import inspect as admin
 from delayq.codec import Attempt, Header, RecordError, encode_record, split_record
-from delayq.core import Op, QueueCore, TaskSpec
+from delayq.core import Op, QueueCore
 from delayq.expiring import ops as expiring
 from delayq.keys import Key, QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, file_of, parse_header
+from delayq.spec import TaskSpec
 from delayq.timing import ms_to_datetime
 
 NOW = 1_700_000_000_000

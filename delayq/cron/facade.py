@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from delayq.core import Op, QueueCore, as_bytes, as_str
+from delayq.core import Op, QueueCore
+from delayq.info import as_bytes, as_str
 from delayq.scripts import SCRIPTS
 from delayq.timing import ms_to_datetime
 

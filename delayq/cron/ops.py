@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.core import Op, QueueCore, TaskSpec, as_str
+from delayq.core import Op, QueueCore
 from delayq.cron.facade import CronState, Stored, ms_of
 from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
+from delayq.info import as_str
 from delayq.scripts import SCRIPTS, Arg
+from delayq.spec import TaskSpec
 from delayq.text import escape
 
 _SYNC = SCRIPTS["cron_sync"].reply

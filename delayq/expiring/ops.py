@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from delayq.codec import JsonCodec, encode_payload, header_end, record_prefix
-from delayq.core import Op, QueueCore, new_task_id
+from delayq.core import Op, QueueCore
 from delayq.errors import InvalidTaskError
 from delayq.scripts import SCRIPTS, Arg
+from delayq.spec import new_task_id
 from delayq.text import check as check_text
 from delayq.timing import Duration, seconds
 

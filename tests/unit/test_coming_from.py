@@ -15,7 +15,7 @@ import pytest
 
 import delayq
 from delayq import AsyncQueue, Queue, Worker
-from delayq.core import ScheduleOptions
+from delayq.spec import ScheduleOptions
 from delayq.worker.features.cron import Schedules
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "coming-from.md"

@@ -14,9 +14,11 @@ import pytest
 
 from delayq import InvalidTaskError, Queue, TaskSpec
 from delayq.codec import compact_json, encode_record, split_record
-from delayq.core import CheckedSpec, QueueCore, as_bytes, task_ids
+from delayq.core import QueueCore
 from delayq.expiring import ops as expiring
+from delayq.info import as_bytes
 from delayq.keys import QueueKeys
+from delayq.spec import CheckedSpec, task_ids
 from delayq.testing import VirtualClock
 
 VALUES: list[Any] = [

@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, NoScriptError
 
-import delayq.queue
+import delayq.base
 from delayq import Queue
 from delayq.core import Op, QueueCore, ShardCheck
 from delayq.errors import ConnectionFailed, DurabilityError
@@ -162,7 +162,7 @@ def test_schedule_durable_with_the_fsync_confirmed(monkeypatch: pytest.MonkeyPat
 def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delayq.queue, "SCHEDULE_BATCH", 2)  # 2 tasks per script call
+    monkeypatch.setattr(delayq.base, "SCHEDULE_BATCH", 2)  # 2 tasks per script call
     ids = [f"t-{i}" for i in range(20)]  # 10 calls: a round trip of 8, then one of 2
     queue, runner = _queue(
         monkeypatch,
@@ -185,7 +185,7 @@ def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
 
 
 def test_schedule_many_all_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delayq.queue, "SCHEDULE_BATCH", 2)
+    monkeypatch.setattr(delayq.base, "SCHEDULE_BATCH", 2)
     queue, runner = _queue(monkeypatch, [_count_check(), (_trip_of(2), [[1, 0], [3]])])
     got = queue.schedule_many([{"kind": "k", "task_id": f"t-{i}"} for i in range(3)])
     assert [(str(s), s.status) for s in got] == [

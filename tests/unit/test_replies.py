@@ -10,7 +10,6 @@ import pytest
 from delayq import leasing
 from delayq.admin import inspect
 from delayq.cron import facade as cron_facade
-from delayq.cron import ops as cron_ops
 from delayq.expiring import ops as expiring_ops
 from delayq.scripts import NAMES, SCRIPTS, Reply, file_of, parse_reply
 
