@@ -102,17 +102,20 @@ async def _runs_path(n: int, middleware: bool = False) -> float:
         def add(self, o: Outcome) -> None:
             written.append(o)
 
-    runs = Runs(executor, Sink(), lambda ms: 0.0, lambda: None, concurrency=16, lookahead=0.02)  # type: ignore[arg-type]
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=16, lookahead=0.02)
+    lane = worker.lanes[0]
+    lane.executor, lane.finisher = executor, Sink()  # type: ignore[assignment]
+    runs.add_lane(lane)
     batch = [
         Claimed(f"t{i}", Header("noop", 1, 0, i, 0, 1000, "json"), b'{"i":%d}' % i)
         for i in range(n)
     ]
     t0 = time.process_time()
     for i in range(0, n, 1000):
-        runs.start_many(batch[i : i + 1000], 2000)
+        runs.start_many(lane, batch[i : i + 1000], 2000)
         while runs.held:
             await asyncio.sleep(0)
-        runs.written(written, set())
+        runs.written(lane, written, set())
         written.clear()
     return (time.process_time() - t0) / n * 1e6
 

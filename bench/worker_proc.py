@@ -154,7 +154,7 @@ async def serve(worker: Worker) -> None:
     if worker.clock.offset is not None:
         # (time.monotonic(): asyncio's loop.time(), and what the worker reads on uvloop)
         CLOCK["offset_error_ms"] = (time.time() - time.monotonic() - worker.clock.offset) * 1000
-    alarm = worker.runs.alarm
+    alarm = worker.engine.runs.alarm if worker.engine else None
     CLOCK["alarm_wakes"] = alarm.wakes if alarm is not None else -1
     CLOCK["alarm_spins"] = alarm.spins if alarm is not None else -1
     CLOCK["alarm_spun_ms"] = alarm.spun * 1000 if alarm is not None else -1

@@ -209,7 +209,7 @@ def test_nothing_read_from_redis_is_executed() -> None:
 
 def test_generated_ids_never_start_with_a_dash() -> None:
     """``delayq task show ID`` must not read a generated id as an option (one in 64 would)."""
-    from delayq.core import new_task_ids
+    from delayq.spec import new_task_ids
 
     ids = new_task_ids(20_000)
     assert not [i for i in ids if i.startswith("-")]

@@ -2,7 +2,7 @@
 
 Keyspace notifications are node-local on a cluster: each primary publishes
 ``__keyevent@0__:expired`` to its own subscribers only. The worker subscribes on every
-primary and follows failovers (delayq/expiring/bells.py); these cases prove it on each
+primary and follows failovers (delayq/worker/features/bells.py); these cases prove it on each
 primary, for keys recorded through ``queue.expiring`` and for foreign keys, and after a
 primary is killed and its replica promoted.
 """

@@ -271,7 +271,7 @@ def test_schedule_names_are_unique_per_worker_and_default_to_the_function(
     offline_worker: Worker,
 ) -> None:
     offline_worker.every(minutes=5)(nightly)
-    assert "cron:tests.test_cron.nightly" in offline_worker.registry.kinds()
+    assert "cron:tests.test_cron.nightly" in offline_worker.lanes[0].registry.kinds()
 
     def nested(task: Task) -> None: ...
 
@@ -299,7 +299,7 @@ def _claimed(queue: Queue, sched: Schedule, at: int) -> int:
 
 
 def cron_ops_task(queue: Queue, sched: Schedule, at: int) -> Any:
-    from delayq.core import TaskSpec
+    from delayq.spec import TaskSpec
 
     return TaskSpec(sched.kind, sched.payload(at), at=at / 1000, task_id=sched.occurrence_id(at))
 

@@ -16,7 +16,7 @@ import pytest
 from delayq import ConfigurationError, Discard, Fail, Queue, Retry, Task, Worker, hooks
 from delayq.expiring.facade import Expired
 from delayq.expiring.ops import EXPIRE_KIND
-from delayq.worker.worker import HANDLER_THREAD_PREFIX
+from delayq.worker.engine import HANDLER_THREAD_PREFIX
 
 from .support.helpers import wait_for
 

@@ -44,8 +44,8 @@ def test_handlers_per_queue_and_for_all(
     def ping(task: Task) -> None:
         ran.append(("ping", task.queue, task.id))
 
-    assert worker.registries[0].kinds() == ["close", "ping"]
-    assert worker.registries[1].kinds() == ["close", "ping"]
+    assert worker.lanes[0].registry.kinds() == ["close", "ping"]
+    assert worker.lanes[1].registry.kinds() == ["close", "ping"]
     orders.schedule("close", 1, task_id="same")
     emails.schedule("close", 2, task_id="same")  # the same id in both: two tasks
     orders.schedule("ping", 3, task_id="p1")

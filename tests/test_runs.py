@@ -11,6 +11,7 @@ from delayq import Queue, Task, Worker
 from delayq.codec import Header
 from delayq.errors import Defer
 from delayq.leasing import Claimed
+from delayq.worker.lane import Lane
 from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, PROBE_EVERY, Run, Runs
 
 from .support.helpers import wait_for
@@ -20,18 +21,28 @@ def claimed(tid: str, token: int) -> Claimed:
     return Claimed(tid, Header("k", 1, 0, token, 0, 0, "json"), b"null")
 
 
+def lane_of(runs: Runs, executor: Any = None, finisher: Any = None) -> Lane:
+    """A lane of a queue never connected to, with these stand-ins for its Executor and
+    Finisher, added to ``runs``."""
+    lane = Lane(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
+    lane.executor, lane.finisher = executor, finisher
+    runs.add_lane(lane)
+    return lane
+
+
 def test_a_lost_lease_is_matched_by_token_not_by_task_id() -> None:
     """The heartbeat reports (id, token): a report about an older claim of a task must not
     stop the newer run of the same task."""
     freed: list[int] = []
-    runs = Runs(None, None, lambda ms: 0.0, lambda: freed.append(1))  # type: ignore[arg-type]
-    run = Run(claimed("A", 2))
-    runs.by_id["A"], runs.leases["A"], runs.busy = run, 2, 1
-    runs.leases_lost([("A", 1)])
-    assert not run.lost and runs.busy == 1 and runs.leases == {"A": 2}
-    runs.leases_lost([("A", 2)])
-    assert run.lost and runs.busy == 0 and runs.leases == {} and freed == [1]
-    runs.leases_lost([("A", 2)])  # reported twice: the slot is freed once
+    runs = Runs(lambda ms: 0.0, lambda: freed.append(1))
+    lane = lane_of(runs)
+    run = Run(claimed("A", 2), lane)
+    lane.by_id["A"], lane.leases["A"], runs.busy = run, 2, 1
+    runs.leases_lost(lane, [("A", 1)])
+    assert not run.lost and runs.busy == 1 and lane.leases == {"A": 2}
+    runs.leases_lost(lane, [("A", 2)])
+    assert run.lost and runs.busy == 0 and lane.leases == {} and freed == [1]
+    runs.leases_lost(lane, [("A", 2)])  # reported twice: the slot is freed once
     assert runs.busy == 0 and freed == [1]
 
 
@@ -47,7 +58,7 @@ def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any
     async def k(task: Task) -> None:
         with lock:
             runs_seen[task.id] = runs_seen.get(task.id, 0) + 1
-            lowest[0] = min(lowest[0], worker.runs.busy)
+            lowest[0] = min(lowest[0], worker.engine.runs.busy)
         if runs_seen[task.id] <= 3:
             raise Defer(1)
         await asyncio.sleep(0)
@@ -56,7 +67,7 @@ def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any
         for i in range(150):
             queue.schedule("k", i, task_id=f"d{i}")
         wait_for(lambda: queue.stats().done == 150, timeout=30)
-        wait_for(lambda: worker.runs.busy == 0, timeout=5)
+        wait_for(lambda: worker.engine.runs.busy == 0, timeout=5)
     assert lowest[0] >= 0
     assert set(runs_seen.values()) == {4}  # three defers and one run each, no extra runs
     assert queue.stats().counters.get("leases_expired", 0) == 0
@@ -73,7 +84,7 @@ class Written:
 
 
 def test_runs_are_claimed_ahead_only_for_handlers_that_finish_within_the_lookahead() -> None:
-    runs = Runs(None, None, lambda ms: 0.0, lambda: None, concurrency=4, lookahead=0.02)  # type: ignore[arg-type]
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=4, lookahead=0.02)
     assert runs.allowance() == 4  # no handler seen yet: the slots only
     runs.service_s = 0.010  # 4 slots, 10 ms each: 8 more start within 20 ms
     assert runs.allowance() == 4 + 8
@@ -87,17 +98,18 @@ async def test_runs_claimed_ahead_wait_for_a_slot_and_are_handed_back_unrun() ->
     """Claimed ahead, a run waits for a slot; at shutdown, or once it has waited too long
     for handlers that turned slow, it is handed back (release), never run late or lost."""
     written = Written()
-    runs = Runs(None, written, lambda ms: 0.0, lambda: None, concurrency=1)  # type: ignore[arg-type]
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=1)
+    lane = lane_of(runs, finisher=written)
     runs._launch = lambda run: None  # type: ignore[method-assign]  # no executor here
     for i, tid in enumerate("ABC"):
-        runs.start(claimed(tid, i + 1))
+        runs.start(claimed(tid, i + 1), lane)
     assert (runs.busy, [r.claimed.id for r in runs.queued]) == (1, ["B", "C"])
-    first = runs.by_id["A"]
+    first = lane.by_id["A"]
     runs.queued[0].queued_at -= MAX_QUEUED_S + 1  # B waited too long
     runs._free_slot(first)  # A's handler finished: B is handed back, C takes the slot
     assert [(o.action, o.id) for o in written.outcomes] == [("release", "B")]
-    assert runs.busy == 1 and not runs.queued and runs.by_id["C"].slot
-    runs.start(claimed("D", 9))
+    assert runs.busy == 1 and not runs.queued and lane.by_id["C"].slot
+    runs.start(claimed("D", 9), lane)
     runs.release_unstarted()  # shutdown: D never started
     assert [(o.action, o.id) for o in written.outcomes] == [("release", "B"), ("release", "D")]
 
@@ -152,12 +164,13 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
     threads = HandlerThreads(0, asyncio.get_running_loop(), "test")
     ctx = worker.context(runner, threads, asyncio.Event())
     executor = Executor(ctx)
-    runs = Runs(executor, Written(), lambda ms: 0.0, lambda: None, concurrency=100)  # type: ignore[arg-type]
-    runs.start_many([claimed("first", 1)], 10**15)
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=100)
+    lane = lane_of(runs, executor, Written())
+    runs.start_many(lane, [claimed("first", 1)], 10**15)
     for _ in range(3):
         await asyncio.sleep(0)
     assert runs.started == 1  # it waited: the kind is known to wait now
-    runs.start_many([claimed(f"t{i}", i + 2) for i in range(20)], 10**15)
+    runs.start_many(lane, [claimed(f"t{i}", i + 2) for i in range(20)], 10**15)
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert runs.started == 21
@@ -166,7 +179,7 @@ async def test_runs_whose_handler_waits_start_together_not_one_per_loop_pass() -
         await asyncio.sleep(0)
     # It stopped waiting: a probe every PROBE_EVERY runs notices, and shared tasks are back.
     for i in range(PROBE_EVERY + 2):
-        runs.start_many([claimed(f"u{i}", 100 + i)], 10**15)
+        runs.start_many(lane, [claimed(f"u{i}", 100 + i)], 10**15)
         while runs.running:
             await asyncio.sleep(0)
     assert runs._alone == {}
@@ -178,11 +191,12 @@ def test_a_run_due_a_fraction_of_a_millisecond_ahead_waits_for_its_timer() -> No
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        runs = Runs(lambda ms: due_at, lambda: None)
+        lane = lane_of(runs)
         due_at = loop.time() + 0.0001
-        runs = Runs(None, None, lambda ms: due_at, lambda: None)  # type: ignore[arg-type]
         c = Claimed("A", Header("k", 1, 0, 7, 0, 1, "json"), b"null")
-        runs.start_many([c], server_now_ms=0)
-        run = runs.by_id["A"]
+        runs.start_many(lane, [c], server_now_ms=0)
+        run = lane.by_id["A"]
         assert run.at == due_at and not runs.running  # it waits for its time
 
     asyncio.run(main())
@@ -219,18 +233,19 @@ async def test_runs_due_together_share_one_timer_and_none_starts_before_its_time
     # due_ms is read as loop milliseconds here: ten tasks due together, then three apart
     dues = {**{f"t{i}": base for i in range(10)}, "a": base + 0.001, "b": base + 0.002}
     dues["lost"] = base + 0.0015
-    runs = Runs(Executor(ctx), Written(), lambda ms: ms / 1000, lambda: None)  # type: ignore[arg-type]
+    runs = Runs(lambda ms: ms / 1000, lambda: None)
+    lane = lane_of(runs, Executor(ctx), Written())
     batch = [
         Claimed(tid, Header("k", 1, 0, n + 1, 0, due * 1000, "json"), b"null")
         for n, (tid, due) in enumerate(dues.items())
     ]
     loop.call_at = call_at  # type: ignore[method-assign]
     try:
-        runs.start_many(batch, server_now_ms=0)
+        runs.start_many(lane, batch, server_now_ms=0)
     finally:
         loop.call_at = real_call_at  # type: ignore[method-assign]
     assert timers == [base * 1000 / 1000] and not runs.running  # one timer, the earliest
-    runs.leases_lost([("lost", runs.by_id["lost"].claimed.token)])
+    runs.leases_lost(lane, [("lost", lane.by_id["lost"].claimed.token)])
     deadline = loop.time() + 5
     while len(started) < 12 and loop.time() < deadline:
         await asyncio.sleep(0.001)

@@ -14,8 +14,8 @@ import pytest
 from delayq import Discard, Fail, Queue, Retry, Task, TaskSpec, Worker, leasing
 from delayq.codec import encode_record
 from delayq.runner import SyncRunner
+from delayq.worker.claimer import CLAIM_STEP_S
 from delayq.worker.outcome import WRITE_EVERY_S
-from delayq.worker.worker import CLAIM_STEP_S
 
 from .support.helpers import wait_for
 
@@ -621,7 +621,7 @@ def test_worker_warns_when_the_server_may_evict_tasks(
     worker = Worker(q)
     with caplog.at_level("WARNING", logger="delayq.worker"), run_worker(worker):
         wait_for(lambda: q.workers())
-    assert worker.eviction_policy == "allkeys-lru"
+    assert worker.engine is not None and worker.engine.eviction_policy == "allkeys-lru"
     assert any("maxmemory-policy is 'allkeys-lru'" in r.getMessage() for r in caplog.records)
     q.close()
 
@@ -641,13 +641,14 @@ async def test_a_serve_cancelled_during_start_up_closes_its_timerfd(aqueue: Any)
 
     serving = asyncio.create_task(worker.serve())
     await asyncio.wait_for(entered.wait(), 10)
-    alarm = worker.runs.alarm
+    assert worker.engine is not None
+    alarm = worker.engine.runs.alarm
     serving.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(serving, 30)
     if alarm is not None:  # (None where there is no timerfd)
         assert alarm.fd == -1, "the timerfd was left open"
-    assert all(t.done() for c in [worker._ctx] if c is not None for t in c.loops)
+    assert all(t.done() for t in worker.engine.loops)
 
 
 _FREEZE_SCRIPT = """

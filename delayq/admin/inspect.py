@@ -20,8 +20,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayq.connection import redact, resolve_url, sync_client
 from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
-from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, as_bytes, as_str, check_page
+from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
 from delayq.errors import InvalidTaskError
+from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
 from delayq.runner import SyncRunner, translate

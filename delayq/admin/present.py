@@ -32,17 +32,24 @@ def one_line(text: str) -> str:
     return safe(text.replace("\n", "\\n").replace("\t", "\\t"))
 
 
-def human_seconds(s: float) -> str:
-    """0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'."""
+# Each unit of a duration over a minute, largest first, with the one shown after it.
+_UNITS = ((86400.0, "d", 3600.0, "h"), (3600.0, "h", 60.0, "m"), (60.0, "m", 1.0, "s"))
+
+
+def human_seconds(s: float, *, exact: bool = False) -> str:
+    """A duration for people: 0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'. ``exact``:
+    in its largest unit alone, as precise as it is (a chart's spans: 300 -> '5m', 5400 ->
+    '1.5h', 0.0005 -> '0.5ms')."""
     if s < 1:
-        return f"{s * 1000:.0f}ms"
+        return f"{s * 1000:{'g' if exact else '.0f'}}ms"
     if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+        return f"{s:{'g' if exact else '.1f'}}s"
+    for size, unit, part, after in _UNITS:
+        if s >= size:
+            if exact:
+                return f"{s / size:g}{unit}"
+            return f"{int(s // size)}{unit}{int(s % size // part):02d}{after}"
+    raise AssertionError("unreachable: s >= 60 is at least a minute")
 
 
 def controls_text(paused: bool, limit: Any, backlog: float | None) -> str:

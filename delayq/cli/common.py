@@ -4,6 +4,7 @@ says where it tried, and terminal-safe formatting."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -218,3 +219,17 @@ def browsable(base: str) -> list[str]:
         return [base]
     loopback = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
     return [f"http://{loopback}:{port}", f"http://{socket.gethostname()}:{port}"]
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level``, as text or JSON lines (``--log-format``)."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from delayq.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+        )
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])

@@ -1,6 +1,6 @@
-"""Expiring keys with a guaranteed callback: the facade (``queue.expiring``), the script
-calls (``ops.py``), the worker's part (``worker.py``) and the cluster's bells (``bells.py``);
-docs/expiring.md tells the whole story."""
+"""Expiring keys with a guaranteed callback, their pure parts: the facade
+(``queue.expiring``) and the script calls (``ops.py``). The worker's part, with the
+cluster's bells, is in ``delayq/worker/features/``; docs/expiring.md tells the whole story."""
 
 from delayq.expiring.facade import AsyncExpiring, Expired, Expiring
 

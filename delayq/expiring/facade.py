@@ -11,6 +11,7 @@ does not import ``delayq.queue``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -118,3 +119,7 @@ class AsyncExpiring:
 
     async def delete(self, key: str) -> bool:
         return await self.queue.drive(delete_plan(self.queue, key))
+
+
+# What ``Worker.on_expire`` decorates: called with the key's Expired, sync or async.
+ExpireFn = Callable[[Expired], Any]

@@ -20,7 +20,6 @@ from starlette.types import Receive, Scope, Send
 from delayq.admin.inspect import overview_of, overview_ops
 from delayq.admin.present import task_dict
 from delayq.connection import RETRIES, async_client, resolve_url
-from delayq.core import TaskSpec, new_task_ids, validate_task_id
 from delayq.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -37,6 +36,7 @@ from delayq.http.queues import Queues, protocol_version
 from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
+from delayq.spec import TaskSpec, new_task_ids, validate_task_id
 from delayq.task import Scheduled, TaskInfo
 from delayq.web.tokens import Token
 

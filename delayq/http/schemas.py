@@ -16,7 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from delayq.codec import MAX_HEADERS, encode_headers
-from delayq.core import (
+from delayq.errors import InvalidTaskError
+from delayq.expiring.ops import MAX_KEY_LEN, ttl_ms
+from delayq.http.problems import field_error, invalid
+from delayq.spec import (
     MAX_ATTEMPTS,
     MAX_ID_LEN,
     MAX_KIND_LEN,
@@ -26,9 +29,6 @@ from delayq.core import (
     validate_max_attempts,
     validate_task_id,
 )
-from delayq.errors import InvalidTaskError
-from delayq.expiring.ops import MAX_KEY_LEN, ttl_ms
-from delayq.http.problems import field_error, invalid
 from delayq.timing import MAX_DELAY_S, at_ms, parse_duration, seconds
 
 MAX_BATCH = 1000

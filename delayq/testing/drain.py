@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from delayq import check, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
-from delayq.core import QueueCore, as_str
+from delayq.core import QueueCore
 from delayq.errors import ConfigurationError, Defer, Discard, Fail, Retry
 from delayq.expiring.ops import EXPIRE_KIND
+from delayq.info import as_str
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.task import Task, TaskInfo

@@ -1,7 +1,7 @@
 """What the worker's parts share while it serves: the :class:`WorkerContext`.
 
-The engine (``execute.py``) and the features built on it (``cron/worker.py``,
-``expiring/worker.py``) receive the context, never the :class:`~delayq.worker.Worker`; this
+The engine (``execute.py``) and the features built on it (``features/cron.py``,
+``features/expiring.py``) receive the context, never the :class:`~delayq.worker.Worker`; this
 module imports none of them. It also holds the one way a handler is called
 (:meth:`WorkerContext.invoke`: through the middleware, then on the loop or in a handler
 thread, with its timeout) and the one reading of what a handler's exception means

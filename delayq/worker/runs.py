@@ -7,9 +7,11 @@ that write is confirmed, or at once if its lease is lost. Runs are tracked as ob
 by task id alone: a worker can re-claim a task whose earlier run here lost its lease
 (stalled past it), and the two runs must not be confused.
 
-A worker of several queues has one *lane* per queue (:meth:`Runs.add_lane`): its executor
-(handlers), its Finisher and its map of held leases, since the same task id may be held in
-two queues at once. The slots are shared: concurrency is the worker's, not a queue's.
+Each run belongs to a *lane*, one queue of the worker (``lane.py``): its executor runs the
+handler, its Finisher writes the result, and its books (the current run of each task, the
+leases held, the runs of each capped kind) are kept on it, since the same task id may be
+held in two queues at once. The slots are shared: concurrency is the worker's, not a
+queue's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, Protocol
 
 from delayq.leasing import Claimed
 from delayq.task import Task, mark_aborted
@@ -44,6 +46,17 @@ SERVICE_WEIGHT = 0.05  # the mean handler time is a moving average over ~20 runs
 PROBE_EVERY = 16
 
 
+class RunLane(Protocol):
+    """What Runs needs of a run's lane (:class:`~delayq.worker.lane.Lane`)."""
+
+    executor: Executor
+    finisher: Finisher
+    by_id: dict[str, Run]  # the current run of each task held
+    leases: dict[str, int]  # id -> token: what the heartbeat extends
+    caps: dict[str, int]  # kind -> its cap, for the kinds with one
+    of_kind: dict[str, set[Run]]  # capped kind -> its runs held (claimed, not finished)
+
+
 class Run:
     __slots__ = (
         "at",
@@ -58,9 +71,9 @@ class Run:
         "task",
     )
 
-    def __init__(self, claimed: Claimed, lane: int = 0) -> None:
+    def __init__(self, claimed: Claimed, lane: RunLane) -> None:
         self.claimed = claimed
-        self.lane = lane  # the queue it was claimed from (Runs.add_lane)
+        self.lane = lane  # the queue it was claimed from
         self.slot = True  # holds one of the worker's concurrency slots
         self.queued_at = 0.0  # time.monotonic() when it began to wait for a slot
         self.due_now = False  # already due when claimed: no timer to work out
@@ -74,17 +87,12 @@ class Run:
 class Runs:
     def __init__(
         self,
-        executor: Executor,
-        finisher: Finisher,
         to_loop: Callable[[float], float],
         on_slot_free: Callable[[], None],
         *,
         concurrency: int | None = None,
         lookahead: float = 0.0,
-        caps: dict[str, int] | None = None,
     ) -> None:
-        self.executor = executor
-        self.finisher = finisher
         self.to_loop = to_loop
         self.on_slot_free = on_slot_free
         self.concurrency = concurrency  # None: a slot for every run
@@ -105,15 +113,7 @@ class Runs:
         self._timed_seq = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self.by_id: dict[str, Run] = {}  # the current run of each task held
-        # id -> token: what the heartbeat extends. A run leaves it once its outcome is handed
-        # to the Finisher: a lease is never extended for a result that cannot be written.
-        self.leases: dict[str, int] = {}
-        # Per lane (queue); lane 0 is the attributes above.
-        self.executors = [executor]
-        self.finishers = [finisher]
-        self.by_ids = [self.by_id]
-        self.leases_of = [self.leases]
+        self.lanes: list[RunLane] = []  # (add_lane)
         self.running: set[Run] = set()  # handlers executing, superseded ones included
         self.queued: deque[Run] = deque()  # claimed ahead, waiting for a slot
         self.busy = 0  # slots taken: claimed and not finished
@@ -121,32 +121,16 @@ class Runs:
         self.service_s: float | None = None  # mean time a handler holds its slot
         self.batches: Batches[Run] = Batches(self._begin, self._abandon, self._stepped)
         self._alone: dict[str, int] = {}  # kind -> runs left to start alone before a probe
-        # Per-kind concurrency: kind -> its cap, and the runs of it held (claimed, not yet
-        # finished); empty when no handler has a cap, and then nothing is counted.
-        self.caps: dict[str, int] = dict(caps or {})
-        self.of_kind: dict[str, set[Run]] = {kind: set() for kind in self.caps}
-        # Per lane: a cap is a queue's handler's (lane 0 is the two above).
-        self.caps_of = [self.caps]
-        self.of_kind_of = [self.of_kind]
-        self.capped = bool(self.caps)  # some lane has a capped kind: runs are counted
+        self.capped = False  # some lane has a capped kind: runs are counted
         # Whether a freed slot wakes the claim loop (on_slot_free). The claim loop says: its
         # claims were cut short for want of room, or per-kind caps may leave tasks waiting;
         # else a freed slot changes nothing until more tasks fall due.
         self.room_wanted = True
 
-    def add_lane(
-        self, executor: Executor, finisher: Finisher, caps: dict[str, int] | None = None
-    ) -> int:
-        """Another queue's executor, Finisher and per-kind caps; returns its lane, for
-        :meth:`start_many` and the Finisher's and heartbeat's callbacks."""
-        self.executors.append(executor)
-        self.finishers.append(finisher)
-        self.by_ids.append({})
-        self.leases_of.append({})
-        self.caps_of.append(dict(caps or {}))
-        self.of_kind_of.append({kind: set() for kind in caps or {}})
-        self.capped = self.capped or bool(caps)
-        return len(self.executors) - 1
+    def add_lane(self, lane: RunLane) -> None:
+        """A queue whose tasks :meth:`start_many` takes in (its caps as they are now)."""
+        self.lanes.append(lane)
+        self.capped = self.capped or bool(lane.caps)
 
     @property
     def held(self) -> int:
@@ -168,9 +152,9 @@ class Runs:
     def room(self) -> int:
         """How many tasks to claim now. Runs claimed ahead are claimed in batches of a
         quarter of what may be held ahead or more, the next while the rest still waits, so
-        a claim is in flight while handlers run (a half left the loop waiting for replies:
-        bench/peers drain 50-53k tasks/s against 58-66k); with only the slots to fill, any
-        free slot is claimed for."""
+        a claim is in flight while handlers run (at a half, the loop sat waiting for replies
+        and drained slower: docs/benchmarks.md, "Figures behind the worker's constants"); with only
+        the slots to fill, any free slot is claimed for."""
         if self.concurrency is None:
             return 1
         allowed = self.allowance()
@@ -179,30 +163,27 @@ class Runs:
             return 0
         return free
 
-    def held_of_kind(self, lane: int = 0) -> dict[str, int]:
-        """Kind -> runs of it held, for the kinds with a cap (on the queue of ``lane``)."""
-        return {kind: len(runs) for kind, runs in self.of_kind_of[lane].items()}
-
     def _uncount(self, run: Run) -> None:
-        held = self.of_kind_of[run.lane].get(run.claimed.header.kind)
+        held = run.lane.of_kind.get(run.claimed.header.kind)
         if held is not None:
             held.discard(run)
 
-    def start(self, claimed: Claimed) -> None:
-        self.start_many([claimed])
+    def start(self, claimed: Claimed, lane: RunLane) -> None:
+        self.start_many(lane, [claimed])
 
     def start_many(
         self,
+        lanes: RunLane | Sequence[RunLane],
         batch: list[Claimed],
         server_now_ms: int | None = None,
-        lanes: Sequence[int] | None = None,
     ) -> None:
-        """Take in a claim's tasks: each starts, or waits for a slot. ``server_now_ms`` (the
-        claim's server time) spares working out a timer for tasks already due. ``lanes``:
-        each task's lane (the queue it came from), all lane 0 when None."""
+        """Take in a claim's tasks from ``lanes`` (the queue they came from; a list: each
+        task's): each starts, or waits for a slot. ``server_now_ms`` (the claim's server
+        time) spares working out a timer for tasks already due."""
         queued_at = time.monotonic()
-        for claimed, lane in zip(batch, lanes or repeat(0), strict=False):
-            by_id = self.by_ids[lane]
+        each = lanes if isinstance(lanes, list | tuple) else repeat(lanes)
+        for claimed, lane in zip(batch, each, strict=False):
+            by_id = lane.by_id
             earlier = by_id.get(claimed.id)
             if earlier is not None:
                 if earlier.finishing:
@@ -212,12 +193,12 @@ class Runs:
                 else:
                     self._lose(earlier)  # we re-claimed it: that run's lease is gone
             run = Run(claimed, lane)
-            if self.capped and (held := self.of_kind_of[lane].get(claimed.header.kind)) is not None:
+            if self.capped and (held := lane.of_kind.get(claimed.header.kind)) is not None:
                 held.add(run)
             due = claimed.header.due_ms
             run.due_now = due is None or (server_now_ms is not None and due <= server_now_ms)
             by_id[claimed.id] = run
-            self.leases_of[lane][claimed.id] = claimed.token
+            lane.leases[claimed.id] = claimed.token
             if self.concurrency is not None and self.busy >= self.concurrency:
                 run.slot = False
                 run.queued_at = queued_at
@@ -319,9 +300,7 @@ class Runs:
         claimed = run.claimed
         t0 = time.perf_counter()
         try:
-            outcome = await self.executors[run.lane].run(
-                claimed, lambda task: self._started(run, task)
-            )
+            outcome = await run.lane.executor.run(claimed, lambda task: self._started(run, task))
             took = time.perf_counter() - t0
             mean = self.service_s
             self.service_s = took if mean is None else mean + (took - mean) * SERVICE_WEIGHT
@@ -376,13 +355,13 @@ class Runs:
     def _finish(self, run: Run, outcome: Outcome) -> None:
         run.finishing = True
         lane = run.lane
-        if self.by_ids[lane].get(run.claimed.id) is run:
-            self.leases_of[lane].pop(run.claimed.id, None)
-        self.finishers[lane].add(outcome)
+        if lane.by_id.get(run.claimed.id) is run:
+            lane.leases.pop(run.claimed.id, None)
+        lane.finisher.add(outcome)
 
-    def written(self, outcomes: list[Outcome], refused: set[str], lane: int = 0) -> None:
+    def written(self, lane: RunLane, outcomes: list[Outcome], refused: set[str]) -> None:
         """The Finisher's callback: these results (of ``lane``) are stored (or refused)."""
-        by_id, leases = self.by_ids[lane], self.leases_of[lane]
+        by_id, leases = lane.by_id, lane.leases
         for o in outcomes:
             run = by_id.get(o.id)
             if run is not None and run.claimed.token == o.token:
@@ -396,32 +375,32 @@ class Runs:
                     o.id,
                 )
 
-    def dropped(self, outcomes: list[Outcome], lane: int = 0) -> None:
+    def dropped(self, lane: RunLane, outcomes: list[Outcome]) -> None:
         """The Finisher's callback: these results could not be written and were given up.
         Their leases end on their own (they are not extended), and the tasks run again."""
-        by_id, leases = self.by_ids[lane], self.leases_of[lane]
+        by_id, leases = lane.by_id, lane.leases
         for o in outcomes:
             run = by_id.get(o.id)
             if run is not None and run.claimed.token == o.token:
                 del by_id[o.id]
                 leases.pop(o.id, None)
 
-    def leases_lost(self, lost: list[tuple[str, int]], lane: int = 0) -> None:
+    def leases_lost(self, lane: RunLane, lost: list[tuple[str, int]]) -> None:
         """The heartbeat's callback: these leases (id, token) of ``lane`` are no longer ours.
         Matched by token: a newer claim of the same task is a different, valid lease."""
-        by_id = self.by_ids[lane]
+        by_id = lane.by_id
         for tid, token in lost:
             run = by_id.get(tid)
             if run is not None and run.claimed.token == token and not run.finishing:
                 self._lose(run)
 
-    def abort(self, task_id: str, token: int | None = None, lane: int = 0) -> bool:
+    def abort(self, lane: RunLane, task_id: str, token: int | None = None) -> bool:
         """The task was aborted (``queue.abort``: the waker heard it, or the heartbeat found
         the lease gone to an abort): stop this worker's run of it, of the claim ``token``
         only when given. Its handler is cancelled, or, in a thread, sees ``task.aborted``;
         nothing is written for it (the abort took its lease). Returns whether a run here
         was stopped. ``lane``: the queue it was aborted on."""
-        run = self.by_ids[lane].get(task_id)
+        run = lane.by_id.get(task_id)
         if run is None or run.finishing or (token is not None and run.claimed.token != token):
             return False  # not held here, or its result is already on its way (refused)
         self._lose(run, aborted=True)
@@ -434,10 +413,10 @@ class Runs:
         else:
             log.warning("lease of task %s lost; stopping its handler", tid)
         run.lost = True
-        by_id = self.by_ids[run.lane]
-        if by_id.get(tid) is run:
-            del by_id[tid]
-            self.leases_of[run.lane].pop(tid, None)
+        lane = run.lane
+        if lane.by_id.get(tid) is run:
+            del lane.by_id[tid]
+            lane.leases.pop(tid, None)
         if run.task is not None:
             if aborted:
                 mark_aborted(run.task)  # (lease_lost is set too)
@@ -461,7 +440,7 @@ class Runs:
             self._uncount(run)
             if not run.lost:
                 self._finish(run, Outcome("release", run.claimed.id, run.claimed.token))
-        for run in [r for by_id in self.by_ids for r in by_id.values()]:
+        for run in [r for lane in self.lanes for r in lane.by_id.values()]:
             if run.at is not None:
                 run.at = None
                 self._free_slot(run)

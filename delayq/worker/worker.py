@@ -1,91 +1,59 @@
-"""The worker: claims due tasks, starts each on time, and writes what became of it.
+"""The public ``Worker``: its options, and the decorators that declare what it runs.
 
-Loops, each an asyncio task with one job: the claim loop (below), the wake-up listener
-(waker.py), the lease heartbeat (heartbeat.py) and the result writer (outcome.py), all
-under supervision (supervise.py). Async handlers run on the event loop; sync handlers in a
-bounded thread pool.
+What it declares lives on its lanes (``lane.py``: one per queue, with its handlers and
+start-up hooks); features plug into a lane as extensions (``features/``: cron, expiring
+keys). Serving is the engine's (``engine.py``): ``serve()`` builds one :class:`Engine` and
+hands over to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import logging
-import math
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from delayq import check, controls, hooks, leasing
-from delayq.cancel import cancel_and_wait
-from delayq.connection import async_client
-from delayq.cron.worker import Schedules
-from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
-from delayq.expiring.ops import EXPIRE_KIND
-from delayq.expiring.worker import ExpireFn, ExpiryWatcher
+from delayq import check, controls, hooks
+from delayq.errors import ConfigurationError
+from delayq.expiring.facade import ExpireFn
 from delayq.hooks import Middleware
-from delayq.leasing import Claimed
-from delayq.queue import AsyncQueue, Queue
 from delayq.runner import AsyncRunner
 from delayq.timing import config_seconds
-from delayq.worker import unreadable
-from delayq.worker.alarm import make_alarm
-from delayq.worker.checks import check_eviction
-from delayq.worker.clock import ServerClock, loop_clock
-from delayq.worker.collector import freeze_once
-from delayq.worker.context import StartupHook, WorkerContext
+from delayq.worker.claimer import Source, sources_of
+from delayq.worker.clock import ServerClock
+from delayq.worker.context import WorkerContext
+from delayq.worker.engine import Engine, contexts, worker_client
 from delayq.worker.events import Events, Listener
-from delayq.worker.execute import Executor
-from delayq.worker.heartbeat import Heartbeat
+from delayq.worker.lane import (
+    REGISTER_EVERY_S,
+    Lane,
+    QueueLike,
+    WorkerHook,
+    add_handler,
+    checked_queues,
+    lane_of,
+    one_lane,
+)
 from delayq.worker.options import (
     checked_client,
     checked_concurrency,
     checked_hook,
     checked_lease,
 )
-from delayq.worker.outcome import Finisher, Outcome
-from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
-from delayq.worker.runs import Runs
-from delayq.worker.sources import (
-    REGISTER_EVERY_S,
-    REREGISTER_EVERY_S,
-    QueueLike,
-    Registration,
-    Source,
-    checked_queues,
-    interleave,
-    interleave_lanes,
-)
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
-from delayq.worker.waker import Waker
 
-log = logging.getLogger("delayq.worker")
-
-HANDLER_THREAD_PREFIX = "delayq-handler"
-WORKER_SOCKET_TIMEOUT_S = 5.0
-# A claim held back by the rate limit looks again when its next token is there, but no
-# sooner than this: a throttled worker takes a few tokens a claim, not one (at 100/s, 20
-# claims a second of 5 tasks, rather than 100 of one).
-THROTTLE_STEP_S = 0.05
-# While tasks keep falling due at a source, the next claim is sent this long after the
-# lookahead reached the first task the last one left (at most half the lookahead later).
-# A claim costs the worker about 0.1 ms of CPU however few tasks it brings: sent as soon as
-# the last one had been answered, claims brought 10 tasks each at 10,000 tasks/s, and
-# with the result writes spent most of a core (bench/run bursts). Not longer: a claim's
-# tasks are set up in one go (a few microseconds each), which holds up timers due meanwhile.
-CLAIM_STEP_S = 0.002
-# A look is unprompted when nothing is known due at a source sooner than this past the
-# lookahead; tasks it claims were then announced to nobody (Worker._announced_to_nobody).
-UNPROMPTED_S = 0.1
+if TYPE_CHECKING:
+    from delayq.worker.features.cron import Schedules
+    from delayq.worker.features.expiring import ExpiryWatcher
 
 
 class Worker:
@@ -149,38 +117,21 @@ class Worker:
         self.max_wait_s = config_seconds(max_wait, "max_wait")
         self._client_arg = checked_client(client)
         self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
-        # One registry per queue (the first is ``registry``), sharing the on_dead hooks.
-        self.registries = [Registry() for _ in self.queues]
-        self.registry = self.registries[0]
-        for r in self.registries[1:]:
-            r.on_dead = self.registry.on_dead
-        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop
-        self._stopping: asyncio.Event | None = None  # events are made on the serving loop
-        self._force: asyncio.Event | None = None
-        self._stop_requested = threading.Event()
-        # What the worker's parts share while serving; set, with the attributes of serve()
-        # (runner, runs, ...), before anything can stop or look at the worker.
-        self._ctx: WorkerContext | None = None
+        self._configure = check.flag(configure_notifications, "configure_notifications")
+        # One lane per queue: its registry (the lanes share the on_dead hooks), start-up
+        # hooks (on_startup's go with the first), extensions and registration.
+        self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
+        for lane in self.lanes[1:]:
+            lane.registry.on_dead = self.lanes[0].registry.on_dead
         self.clock = ServerClock()
         self.events = Events()
-        configure = check.flag(configure_notifications, "configure_notifications")
-        self.expiry = ExpiryWatcher(configure=configure)
-        self._expiry_lane: int | None = None  # the queue whose keys on_expire watches
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
         self.supervisor = Supervisor(lambda failed: self._begin_stop())
-        # Run in order once serving has begun: on_startup's and the extensions' own (cron),
-        # per queue (each awaited with its queue's context; on_startup's go with the first).
-        self._startups: list[list[StartupHook]] = [[] for _ in self.queues]
-        self._startup = self._startups[0]
-        self._schedules: dict[int, Schedules] = {}
         self._middleware: list[Middleware] = []
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._started_at = time.time()
-        self._registered = [Registration() for _ in self.queues]
-        # Per source: until when (loop time) the rate limit holds its claims back. Neither a
-        # poke (a handler finished) nor a wake-up ends it: a claim could take no more (and
-        # a claim's own wake-up would wake this worker again).
-        self._throttled_until: dict[int, float] = {}
+        self._stop_requested = threading.Event()
+        self.engine: Engine | None = None  # the serving one (the last, once it has served)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -212,7 +163,7 @@ class Worker:
             queue: the worker's queue (or its name) whose tasks of ``kind`` it runs; by
                 default every queue of the worker's (the only one, usually).
         """
-        lanes = self._lanes(queue)
+        lanes = self.lanes if queue is None else (lane_of(self.lanes, queue),)
         options: dict[str, Any] = {"max_attempts": max_attempts, "timeout": timeout}
         if concurrency is not None:
             options["concurrency"] = controls.checked_concurrency(
@@ -224,46 +175,10 @@ class Worker:
             options["jitter"] = jitter
 
         def register(fn: HandlerFn) -> HandlerFn:
-            handler = make_handler(kind, fn, **options)
-            taken = [self.queues[i].name for i in lanes if self.registries[i].get(kind)]
-            if taken:  # checked first: nothing half-registered
-                where = f" on queue {taken[0]!r}" if len(self.queues) > 1 else ""
-                raise ConfigurationError(f"a handler for {kind!r} is already registered{where}")
-            for i in lanes:
-                self.registries[i].add(handler)
+            add_handler(self.lanes, lanes, make_handler(kind, fn, **options))
             return fn
 
         return register
-
-    def _lane(self, queue: QueueLike | str) -> int:
-        """The index of one of the worker's queues, given as itself or by name."""
-        for i, q in enumerate(self.queues):
-            if (
-                q is queue
-                or q.name == queue
-                or (isinstance(queue, (Queue, AsyncQueue)) and q.name == queue.name)
-            ):
-                return i
-        name = queue.name if isinstance(queue, (Queue, AsyncQueue)) else queue
-        raise ConfigurationError(
-            f"queue={name!r} is not one of this worker's queues "
-            f"({', '.join(repr(q.name) for q in self.queues)}): pass one of them"
-        )
-
-    def _lanes(self, queue: QueueLike | str | None) -> list[int]:
-        return list(range(len(self.queues))) if queue is None else [self._lane(queue)]
-
-    def _one_lane(self, queue: QueueLike | str | None, what: str) -> int:
-        """The queue a cron schedule or an expiry callback belongs to: ``queue=``, else the
-        only one; a worker of several queues must be told which."""
-        if queue is not None:
-            return self._lane(queue)
-        if len(self.queues) > 1:
-            raise ConfigurationError(
-                f"this worker serves several queues ({', '.join(q.name for q in self.queues)}):"
-                f" pass queue= to {what} to say which queue it belongs to"
-            )
-        return 0
 
     def on_expire(
         self,
@@ -277,34 +192,31 @@ class Worker:
         ``queue.expiring.set`` are guaranteed, others best-effort. Outcomes follow the
         handler rules: raise to retry, ``Fail`` for the dead set. A worker of several queues
         watches the keys of one of them: name it with ``queue=``."""
-        lane = self._one_lane(queue, "on_expire")
-        if self._expiry_lane is not None and lane != self._expiry_lane:
-            raise ConfigurationError(
-                f"on_expire callbacks of this worker already watch queue "
-                f"{self.queues[self._expiry_lane].name!r}: a worker watches the keys of one "
-                "queue (run another worker for the other queue's keys)"
-            )
-        registry = self.registries[lane]
+        from delayq.worker.features import expiring
+
+        lane = one_lane(self.lanes, queue, "on_expire")
+        expiring.refuse_other_lane(self.lanes, lane)
 
         def register(fn: ExpireFn) -> ExpireFn:
-            self._expiry_lane = lane
-            if registry.get(EXPIRE_KIND) is None:
-                registry.add(
-                    make_handler(
-                        EXPIRE_KIND, self.expiry.handle, max_attempts=max_attempts, internal=True
-                    )
-                )
-            self.expiry.add(pattern, fn)
+            expiring.watcher_on(lane, self._configure).watch(pattern, fn, max_attempts)
             return fn
 
         return register
+
+    @property
+    def expiry(self) -> ExpiryWatcher:
+        """The expiry callbacks (:meth:`on_expire`) and, serving, their bell; without any, an
+        empty watcher."""
+        from delayq.worker.features.expiring import watcher_of
+
+        return watcher_of(self.lanes, self._configure)
 
     def cron(
         self, expression: str, *, queue: QueueLike | str | None = None, **options: Any
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function at each time a cron expression matches, once across all
         workers: ``@worker.cron("0 2 * * *", tz="Asia/Shanghai", name="daily-report")``.
-        Options (catch_up, max_running, ...): :meth:`delayq.cron.worker.Schedules.cron`.
+        Options (catch_up, max_running, ...): :meth:`delayq.worker.features.cron.Schedules.cron`.
         A worker of several queues keeps the schedule on the one named by ``queue=``."""
         return self.schedules_of(queue, "cron").cron(expression, **options)
 
@@ -313,8 +225,8 @@ class Worker:
     ) -> Callable[[HandlerFn], HandlerFn]:
         """Run the decorated function every interval, once across all workers:
         ``@worker.every(minutes=5, name="sweep")`` or ``@worker.every(timedelta(...))``.
-        Options: :meth:`delayq.cron.worker.Schedules.every`. A worker of several queues
-        keeps the schedule on the one named by ``queue=``."""
+        Options: :meth:`delayq.worker.features.cron.Schedules.every`. A worker of several
+        queues keeps the schedule on the one named by ``queue=``."""
         return self.schedules_of(queue, "every").every(*interval, **options)
 
     @property
@@ -326,10 +238,10 @@ class Worker:
     def schedules_of(self, queue: QueueLike | str | None, what: str = "cron") -> Schedules:
         """The periodic schedules kept on one of the worker's queues (``None``: the only
         one)."""
-        lane = self._one_lane(queue, what)
-        if lane not in self._schedules:
-            self._schedules[lane] = Schedules(self.registries[lane], self._startups[lane])
-        return self._schedules[lane]
+        from delayq.worker.features.cron import Schedules  # (croniter: loaded when used)
+
+        lane = one_lane(self.lanes, queue, what)
+        return lane.extension(Schedules) or lane.add(Schedules())
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register ``async def fn(task, call_next)`` around every handler invocation: a
@@ -357,32 +269,22 @@ class Worker:
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self._startup.append(
-            _WorkerHook(checked_hook(fn, "on_startup(fn)", "async, the worker"), self)
+        self.lanes[0].startup.append(
+            WorkerHook(checked_hook(fn, "on_startup(fn)", "async, the worker"), self)
         )
         return fn
 
     @property
     def startup(self) -> list[Callable[[Worker], Awaitable[None]]]:
         """The functions given to :meth:`on_startup`, in order (a copy)."""
-        return [h.fn for h in self._startup if isinstance(h, _WorkerHook)]
+        return [h.fn for h in self.lanes[0].startup if isinstance(h, WorkerHook)]
 
-    def _registration_due(self, lane: int = 0) -> tuple[str, str]:
-        """Register with this claim only every REGISTER_EVERY_S, and send the registration
-        itself only when it changed (or once a minute): an idle worker's registration is
-        then one ZADD with each of its looks (every max_wait, at most every
-        REGISTER_EVERY_S)."""
-        now = time.monotonic()
-        reg = self._registered[lane]
-        if now - reg.at < REGISTER_EVERY_S:
-            return "", ""
-        reg.at = now
-        # (lane 0 as registration() always was called: subclasses may override it)
-        info = self.registration(lane) if lane else self.registration()
-        if info == reg.info and now - reg.full_at < REREGISTER_EVERY_S:
-            return self.id, ""
-        reg.info, reg.full_at = info, now
-        return self.id, info
+    def on_dead(self, fn: HandlerFn) -> HandlerFn:
+        """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
+        self.lanes[0].registry.on_dead.append(
+            checked_hook(fn, "on_dead(fn)", "task_id, reason, task")
+        )
+        return fn
 
     def registration(self, lane: int = 0) -> str:
         """What this worker publishes about itself on every claim and heartbeat (on the
@@ -392,8 +294,8 @@ class Worker:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "concurrency": self.concurrency,
-                "in_flight": self.runs.busy if self._ctx is not None else 0,
-                "kinds": self.registries[lane].kinds(),
+                "in_flight": self.engine.runs.busy if self.engine is not None else 0,
+                "kinds": self.lanes[lane].registry.kinds(),
                 "started": round(self._started_at, 3),
                 # Registrations arrive at least this often; three missed ones mean dead.
                 "beat": round(max(REGISTER_EVERY_S, self.max_wait_s, self.lease_s / 3), 3),
@@ -401,45 +303,64 @@ class Worker:
             separators=(",", ":"),
         )
 
-    def on_dead(self, fn: HandlerFn) -> HandlerFn:
-        """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
-        self.registry.on_dead.append(checked_hook(fn, "on_dead(fn)", "task_id, reason, task"))
-        return fn
-
     def configure(
         self, *, concurrency: int | None = None, lease: float | timedelta | None = None
     ) -> None:
         """Change ``concurrency`` or ``lease`` (checked as in the constructor) before the
         worker serves; ``delayq worker --concurrency/--lease`` override the app's this way."""
-        if self._loop is not None:
+        if self.engine is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
         most = self.concurrency if concurrency is None else checked_concurrency(concurrency)
-        for registry in self.registries:
-            for kind, cap in registry.caps().items():
+        for lane in self.lanes:
+            for kind, cap in lane.registry.caps().items():
                 controls.checked_concurrency(kind, cap, most)
         lease_s = self.lease_s if lease is None else checked_lease(lease)
         self.concurrency, self.lease_s = most, lease_s
 
-    # -- serving ----------------------------------------------------------------------------
+    # -- serving: the engine's ----------------------------------------------------------
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM (a second signal skips the grace period)."""
         asyncio.run(self.serve(install_signals=True))
 
+    async def serve(self, *, install_signals: bool = False) -> None:
+        """Serve on the running event loop until :meth:`stop` (or a signal)."""
+        check.flag(install_signals, "install_signals")
+        middleware = self.middleware_in_use()  # a bad process-wide one: refused first
+        client = self._client_arg or worker_client(self.queue.url, self.concurrency)
+        self.engine = Engine(
+            self,
+            client,
+            owns_client=self._client_arg is None,
+            middleware=middleware,
+            stop_requested=self._stop_requested,
+        )
+        await self.engine.serve(install_signals)
+
     def stop(self) -> None:
         """Ask a serving worker to shut down gracefully (thread-safe)."""
         self._stop_requested.set()
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
+        engine = self.engine
+        if engine is not None and not engine.loop.is_closed():
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._begin_stop)
+                engine.loop.call_soon_threadsafe(engine.stop)
 
     def _begin_stop(self) -> None:
-        if self._ctx is not None:
-            self._ctx.stop()  # stopping set, and the claim loop woken to see it
-        elif self._stopping is not None:  # still starting: nothing to wake yet
-            self._stopping.set()
+        if self.engine is not None:
+            self.engine.stop()
+
+    @property
+    def runner(self) -> AsyncRunner:
+        """The serving worker's runner, on its connection (for ``on_startup`` hooks)."""
+        if self.engine is None:
+            raise RuntimeError("the worker is not serving: it has no connection yet")
+        return self.engine.runner
+
+    @property
+    def eviction_policy(self) -> str | None:
+        """The server's ``maxmemory-policy`` as read when serving began (None: unread)."""
+        return self.engine.eviction_policy if self.engine is not None else None
 
     def middleware_in_use(self) -> list[Middleware]:
         """The middleware a worker starting now composes: the process-wide
@@ -449,17 +370,13 @@ class Worker:
 
     def sources(self) -> list[Source]:
         """What the claim loop claims from, in order: each queue's shards, queue by queue."""
-        return [
-            Source(lane, shard, core)
-            for lane, q in enumerate(self.queues)
-            for shard, core in enumerate(q.shards.cores)
-        ]
+        return sources_of(self.lanes)
 
     def context(
         self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
     ) -> WorkerContext:
         """The runtime this worker's parts share while serving (see ``WorkerContext``), on
-        ``runner``'s connection, with the expiry watcher attached: the first queue's (see
+        ``runner``'s connection, with its extensions attached: the first queue's (see
         :meth:`contexts`). ``serve()`` builds them; ``delayq.testing.drain`` builds its own,
         with handler calls made inline."""
         return self.contexts(runner, threads, stopping)[0]
@@ -469,480 +386,5 @@ class Worker:
     ) -> list[WorkerContext]:
         """One context per queue (its shards, its registry and start-up hooks), sharing the
         runner, the threads, the clock, one waker subscribed to every source's channel, and
-        the rest."""
-        sources = self.sources()
-        waker = Waker(
-            runner.client,
-            self.core.keys.wake_channel,
-            tuple(s.core.keys.wake_channel for s in sources) if len(sources) > 1 else (),
-        )
-        middleware = self.middleware_in_use()
-        ctxs = [
-            WorkerContext(
-                shards=q.shards,
-                runner=runner,
-                threads=threads,
-                clock=self.clock,
-                stopping=stopping,
-                registry=self.registries[lane],
-                startup=self._startups[lane],
-                events=self.events,
-                waker=waker,
-                supervisor=self.supervisor,
-                worker_id=self.id,
-                middleware=middleware,
-            )
-            for lane, q in enumerate(self.queues)
-        ]
-        # The bell: the waker's channel, or one per primary (one queue's keys are watched).
-        self.expiry.attach(ctxs[self._expiry_lane or 0])
-        return ctxs
-
-    async def serve(self, *, install_signals: bool = False) -> None:
-        """Serve on the running event loop until :meth:`stop` (or a signal)."""
-        check.flag(install_signals, "install_signals")
-        self.middleware_in_use()  # a bad process-wide middleware: refused before connecting
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._ctx = None  # from an earlier serve(), if any
-        stopping = self._stopping = asyncio.Event()
-        self._force = asyncio.Event()
-        # Handlers may each hold a connection briefly (expiry checks); leave room for the loops.
-        client = self._client_arg or async_client(
-            self.queue.url,
-            max_connections=max(100, 2 * self.concurrency + 16),
-            # Scripts answer in milliseconds: a link that goes silent is noticed (and the
-            # connection replaced) within seconds, not after the 30 s client default.
-            socket_timeout=WORKER_SOCKET_TIMEOUT_S,
-        )
-        self.runner = AsyncRunner(client)
-        self.eviction_policy = await check_eviction(client)
-        try:
-            await self._check_shards()
-        except DelayqError:  # a wrong shard count, or scripts refused
-            if self._client_arg is None:
-                await client.aclose()
-            raise
-        self.threads = HandlerThreads(self.concurrency, loop, HANDLER_THREAD_PREFIX)
-        ctxs = self.contexts(self.runner, self.threads, stopping)
-        ctx = ctxs[0]
-        self.waker = ctx.waker
-        self._build(ctxs)  # (its alarm, a timerfd, is closed below)
-        self._ctx = ctx
-        try:
-            if install_signals:
-                self._install_signals(loop)
-            self._start_loops(ctxs)
-            await self._run_startup(ctxs)
-            if self.freeze_gc:
-                freeze_once()
-            lease_ms = round(self.lease_s * 1000)
-            claim_loop = self.supervisor.start(
-                "claim", functools.partial(self._claim_loop, stopping, lease_ms)
-            )
-            if self._stop_requested.is_set():
-                self._begin_stop()
-            for q, registry in zip(self.queues, self.registries, strict=True):
-                log.info(
-                    "worker on queue %r: kinds %s, concurrency %d",
-                    q.name,
-                    registry.kinds(),
-                    self.concurrency,
-                )
-            await claim_loop
-        finally:
-            await self._shutdown()
-            loops = [t for c in ctxs for t in c.loops]  # the cron tickers too (start-up hooks)
-            await cancel_and_wait(loops)
-            if self.runs.alarm is not None:
-                self.runs.alarm.close()
-            self.threads.shutdown()
-            if self.threads.busy:
-                log.warning(
-                    "%d sync handler(s) still running after the grace period; their tasks "
-                    "were handed back, and the process may exit without waiting for them",
-                    self.threads.busy,
-                )
-            if self._client_arg is None:
-                await client.aclose()
-            log.info("worker on queue %s stopped", ", ".join(repr(q.name) for q in self.queues))
-        if self.supervisor.failed is not None:
-            raise self.supervisor.failed
-
-    def _build(self, ctxs: list[WorkerContext]) -> None:
-        """The engine's parts: per queue a Finisher, an Executor and a heartbeat; one Runs."""
-        self._source_lanes = [s.lane for s in self.sources()]
-        self.finishers = [
-            Finisher(
-                c.shards,
-                self.runner,
-                functools.partial(self._written, lane),
-                functools.partial(self._dropped, lane),
-            )
-            for lane, c in enumerate(ctxs)
-        ]
-        self.finisher = self.finishers[0]
-        self.executors = [Executor(c) for c in ctxs]
-        self.executor = self.executors[0]
-        self.runs = Runs(
-            self.executor,
-            self.finisher,
-            self._to_loop,
-            self.waker.poke,
-            concurrency=self.concurrency,
-            lookahead=self.lookahead_s,
-            caps=self.registry.caps(),
-        )
-        loop = asyncio.get_running_loop()
-        self._now, self.runs.timer_margin = loop_clock(loop)
-        self.runs.now = self._now
-        self.runs.alarm = make_alarm(loop)
-        for executor, finisher, registry in zip(
-            self.executors[1:], self.finishers[1:], self.registries[1:], strict=True
-        ):
-            self.runs.add_lane(executor, finisher, registry.caps())
-        self.heartbeats = [
-            Heartbeat(
-                c.shards,
-                self.runner,
-                self.runs.leases_of[lane],
-                round(self.lease_s * 1000),
-                max(self.lease_s / 3, 0.2),
-                functools.partial(self._leases_lost, lane),
-                self.id,
-                functools.partial(self.registration, lane) if lane else self.registration,
-                self._holds_leases if len(ctxs) > 1 else None,
-            )
-            for lane, c in enumerate(ctxs)
-        ]
-        self.heartbeat = self.heartbeats[0]
-        # A running task aborted (queue.abort): told on the wake channel, or found by the
-        # heartbeat when the message was missed.
-        if len(ctxs) == 1:
-            self.waker.on_abort = self.heartbeat.on_aborted = self.runs.abort
-        else:
-            self.waker.on_abort = self._heard_abort
-            for lane, heartbeat in enumerate(self.heartbeats):
-                heartbeat.on_aborted = functools.partial(self.runs.abort, lane=lane)
-
-    def _start_loops(self, ctxs: list[WorkerContext]) -> None:
-        """The waker, each queue's finisher and heartbeat, the expiry bells: supervised."""
-        ctx = ctxs[0]
-        several = len(ctxs) > 1
-        ctx.supervise("waker", self.waker.run)
-        parts = zip(self.queues, self.finishers, self.heartbeats, strict=True)
-        for q, finisher, heartbeat in parts:
-            suffix = f" ({q.name})" if several else ""
-            ctx.supervise("finisher" + suffix, finisher.run)
-            ctx.supervise("heartbeat" + suffix, heartbeat.run)
-        for name, bell_loop in self.expiry.loops():
-            ctx.supervise(name, bell_loop)
-
-    @staticmethod
-    async def _run_startup(ctxs: list[WorkerContext]) -> None:
-        """Each queue's start-up hooks, in order, with its context."""
-        for c in ctxs:
-            for hook in c.startup:
-                try:
-                    await hook(c)
-                except Exception:
-                    log.exception("start-up hook %r failed; serving anyway", hook)
-
-    def _heard_abort(self, task_id: str, token: int) -> None:
-        """An abort message on a source's wake channel: the run of that queue stops."""
-        lane = self._source_lanes[self.waker.heard_from]
-        self.runs.abort(task_id, token, lane=lane)
-
-    def _holds_leases(self) -> bool:
-        return any(self.runs.leases_of)
-
-    def _written(self, lane: int, outcomes: list[Outcome], refused: set[str]) -> None:
-        self.runs.written(outcomes, refused, lane)
-
-    def _dropped(self, lane: int, outcomes: list[Outcome]) -> None:
-        self.runs.dropped(outcomes, lane)
-
-    def _leases_lost(self, lane: int, lost: list[tuple[str, int]]) -> None:
-        self.runs.leases_lost(lost, lane)
-
-    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        def on_signal() -> None:
-            if self._stopping is not None and self._stopping.is_set() and self._force:
-                log.warning("second signal: handing back running tasks now")
-                self._force.set()
-            else:
-                log.info("signal received: finishing running tasks (grace %.0f s)", self.grace_s)
-                self._begin_stop()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-
-    # -- the claim loop ------------------------------------------------------------------------
-
-    async def _claim_loop(self, stopping: asyncio.Event, lease_ms: int) -> None:
-        loop = asyncio.get_running_loop()
-        # A source is one shard of one of the worker's queues (a queue unsplit: one source).
-        sources = self.sources()
-        # Per source: the loop time its earliest due task or lease deadline falls due (inf:
-        # nothing known), and when it was last looked at. One source: looked at every time.
-        next_at = [0.0] * len(sources)
-        seen_at = [0.0] * len(sources)
-        # A source whose claim failed is left alone until its backoff has passed, so one
-        # unreachable shard (a failing-over primary) does not hold up the others.
-        backoff = [0.1] * len(sources)
-        resting_until = [0.0] * len(sources)
-        # Per source: how long before its next due time the next claim is sent. A claim takes
-        # what falls due within the lookahead; while tasks keep coming (its last claim took
-        # some), the next one waits CLAIM_STEP_S more, so each takes that long's worth of
-        # tasks, not the few that fell due during a round trip (see CLAIM_STEP_S).
-        lead = [self.lookahead_s] * len(sources)
-        streaming_lead = self.lookahead_s - min(CLAIM_STEP_S, self.lookahead_s / 2)
-        # Which source goes first: rotates, so no shard's or queue's backlog starves another.
-        turn = 0
-        was_full = False  # the announcements heard while full were set aside unread
-        while not stopping.is_set():
-            free = self.runs.room()
-            if free <= 0:
-                # Full: announcements do not matter until a handler finishes and pokes. Any
-                # poke so far is answered: we looked, and we are full (and not stopping).
-                self.waker.reset()
-                was_full = True
-                self.runs.room_wanted = True
-                await self.waker.sleep_until(loop.time() + self.max_wait_s)
-                continue
-            poked, woken = self.waker.reset()
-            unprompted = not (poked or was_full or self._throttled_until)
-            was_full = False
-            if poked and len(sources) == 1:
-                resting_until[0] = 0.0  # e.g. the wake-up link is back: so may the server be
-            now = loop.time()
-            soon = now + self.lookahead_s
-            order = [(turn + k) % len(sources) for k in range(len(sources))]
-            turn += 1
-            visit = [
-                i
-                for i in order
-                if resting_until[i] <= now
-                and (not self._throttled_until or self._admitted(i, now))
-                and (
-                    len(sources) == 1
-                    or poked
-                    or i in woken
-                    or next_at[i] <= soon
-                    or now - seen_at[i] >= self.max_wait_s
-                )
-            ]
-            full = False
-            # Each source visited gets its share, and their tasks start interleaved: a batch
-            # claimed ahead from one source must not run before every other source's tasks.
-            share = -(-free // max(len(visit), 1))
-            batches: list[tuple[int, list[Claimed]]] = []
-            for i in visit:
-                seen_at[i] = loop.time()
-                limit = min(share, free)
-                # A look that nothing prompted (see _announced_to_nobody).
-                lone = unprompted and i not in woken and next_at[i] > soon + UNPROMPTED_S
-                try:
-                    next_at[i], got = await self._claim_from(
-                        i, sources[i], limit, lease_ms, batches
-                    )
-                except DelayqError as e:
-                    where = self._where(sources[i])
-                    log.warning("claim failed%s (%s); retrying in %.1f s", where, e, backoff[i])
-                    resting_until[i] = loop.time() + backoff[i]
-                    next_at[i] = resting_until[i] + self.lookahead_s
-                    lead[i] = self.lookahead_s
-                    backoff[i] = min(backoff[i] * 2, 5.0)
-                    continue
-                backoff[i] = 0.1
-                lead[i] = streaming_lead if got else self.lookahead_s
-                if lone and got and not self.runs.caps_of[sources[i].lane]:
-                    self._announced_to_nobody(sources[i], got)
-                batches.append((sources[i].lane, got))
-                free -= len(got)
-                full = full or len(got) >= limit  # a full batch: more may be due right now
-                if free <= 0:
-                    break
-            if len(batches) == 1 and batches[0][0] == 0:
-                self.runs.start_many(batches[0][1], self.clock.server_now_ms)
-            elif batches:
-                if all(lane == 0 for lane, _ in batches):  # a sharded queue's
-                    self.runs.start_many(
-                        interleave([got for _, got in batches]), self.clock.server_now_ms
-                    )
-                else:
-                    tasks, lanes = interleave_lanes(batches)
-                    self.runs.start_many(tasks, self.clock.server_now_ms, lanes)
-            if full:
-                continue
-            # Every task due within the lookahead was taken: a freed slot changes nothing
-            # until more fall due, so handlers that finish need not wake this loop (a claim
-            # sent as each one finished came back with the one or two tasks due since).
-            # Per-kind caps leave tasks of a full kind due: a freed slot of it wakes the loop.
-            self.runs.room_wanted = self.runs.capped
-            deadline = min(
-                [
-                    loop.time() + self.max_wait_s,
-                    *(t - ld for t, ld in zip(next_at, lead, strict=True)),
-                ]
-            )
-            await self.waker.sleep_until(deadline, self._to_loop, self.lookahead_s)
-
-    def _announced_to_nobody(self, source: Source, got: list[Claimed]) -> None:
-        """A look nothing prompted (no poke, no message on the source's channel, nothing known
-        due within UNPROMPTED_S, no rate limit holding it back) claimed tasks: they fell due
-        unannounced, so the wake-up subscription may be dead without knowing it. Renew it
-        (Waker.renew). Per-kind caps are left out: a claim cut short by them leaves tasks
-        unseen that a later look finds without anyone having announced them."""
-        log.info(
-            "claimed %d task(s)%s that no wake-up announced (first: %r); renewing the "
-            "wake-up subscription",
-            len(got),
-            self._where(source),
-            got[0].id,
-        )
-        self.waker.renew()
-
-    def _where(self, source: Source) -> str:
-        """Which source a log line is about ("" for the only one)."""
-        shard = f" shard {source.shard}" if self.queues[source.lane].shards.n > 1 else ""
-        if len(self.queues) > 1:
-            return f" on queue {self.queues[source.lane].name!r}{shard}"
-        return f" on{shard}" if shard else ""
-
-    async def _claim_from(
-        self,
-        i: int,
-        source: Source,
-        free: int,
-        lease_ms: int,
-        pending: list[tuple[int, list[Claimed]]] | None = None,
-    ) -> tuple[float, list[Claimed]]:
-        """Claim up to ``free`` tasks from source ``i``; returns (loop time the source next
-        needs a look, the tasks claimed). Registration rides on each queue's home shard.
-        ``pending``: tasks claimed from other sources in this pass, not yet started (they
-        use kinds' rooms)."""
-        core = source.core
-        worker, info = self._registration_due(source.lane) if source.shard == 0 else ("", "")
-        sent = self._now()
-        try:
-            result = await self.runner.run(
-                leasing.claim(
-                    core,
-                    limit=free,
-                    lease_ms=lease_ms,
-                    lookahead_ms=round(self.lookahead_s * 1000),
-                    worker=worker,
-                    worker_info=info,
-                    rooms=(
-                        self._kind_rooms(source.lane, pending)
-                        if self.runs.caps_of[source.lane]
-                        else ()
-                    ),
-                )
-            )
-        except DelayqError:
-            if info:  # not stored: send it again
-                self._registered[source.lane].full_at = -REREGISTER_EVERY_S
-            raise
-        self.clock.observe(result.now_us / 1000, sent, self._now())
-        if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
-            await unreadable.bury(
-                self.runner, core, self.runs.executors[source.lane], result.unreadable
-            )
-        next_at = math.inf
-        if result.next_due_ms is not None:
-            next_at = self._to_loop(result.next_due_ms)
-        if result.next_token_ms is not None:
-            next_at = self._throttled(i, result.next_token_ms, next_at)
-        elif self._throttled_until:
-            self._throttled_until.pop(i, None)
-        if result.next_lease_ms is not None:
-            next_at = min(next_at, self._to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
-        return next_at, result.tasks
-
-    def _kind_rooms(self, lane: int, pending: list[tuple[int, list[Claimed]]] | None) -> list[Any]:
-        """Claim's per-kind rooms on the queue of ``lane``: each capped kind's cap less the
-        runs of it held and those claimed in this pass (``pending``) on that queue."""
-        held = self.runs.held_of_kind(lane)
-        for from_lane, batch in pending or ():
-            if from_lane != lane:
-                continue
-            for c in batch:
-                if c.header.kind in held:
-                    held[c.header.kind] += 1
-        return controls.kind_rooms(self.runs.caps_of[lane], held)
-
-    def _throttled(self, source: int, token_ms: int, next_at: float) -> float:
-        """Due tasks wait for the rate limit's next token (server ms): the loop time to look
-        again (the claim loop wakes ``lookahead`` before a shard's time, hence the add), at
-        most max_wait away (a wake-up lost: the limit may have changed)."""
-        now = asyncio.get_running_loop().time()
-        at = min(max(self._to_loop(token_ms), now + THROTTLE_STEP_S), now + self.max_wait_s)
-        self._throttled_until[source] = at
-        at += self.lookahead_s
-        return at if math.isinf(next_at) else max(next_at, at)
-
-    def _admitted(self, source: int, now: float) -> bool:
-        """Whether the rate limit lets the claim loop visit ``source`` now: the time of its
-        next token has come (a changed limit is seen then, within max_wait)."""
-        if self._throttled_until.get(source, 0.0) <= now:
-            self._throttled_until.pop(source, None)
-            return True
-        return False
-
-    async def _check_shards(self) -> None:
-        """Serving a queue with the wrong shard count would leave some shards unserved:
-        refuse to start (ConfigurationError). Redis not there yet: wait for it, as claims do."""
-        assert self._stopping is not None
-        delay = 0.1
-        unchecked = list(self.queues)
-        while unchecked and not self._stopping.is_set() and not self._stop_requested.is_set():
-            try:
-                stored = await self.runner.run(unchecked[0].shards.check_op())
-            except ConnectionFailed as e:
-                log.warning("%s; retrying", e)  # the error says it first: cannot reach Redis
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            unchecked.pop(0).shards.verify(stored)
-
-    def _to_loop(self, server_ms: float) -> float:
-        return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
-
-    # -- shutdown ---------------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        """Stop claiming, hand back what has not started, let running handlers finish within
-        the grace period, hand back the rest, and write every result before returning."""
-        assert self._force is not None
-        self.runs.release_unstarted()
-        await self.runs.wait_running(self.grace_s, self._force)
-        await self.runs.cancel_running()
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(f.drained() for f in self.finishers)), timeout=10
-            )
-        except TimeoutError:
-            log.error(
-                "could not write %d results before exiting; their leases will expire "
-                "and the tasks run again",
-                sum(f.pending for f in self.finishers),
-            )
-        with contextlib.suppress(DelayqError):
-            await self.runner.run_many([leasing.unregister(q.core, self.id) for q in self.queues])
-
-
-class _WorkerHook:
-    """A function given to :meth:`Worker.on_startup`: awaited with the worker, not the
-    context."""
-
-    def __init__(self, fn: Callable[[Worker], Awaitable[None]], worker: Worker) -> None:
-        self.fn = fn
-        self.worker = worker
-
-    def __call__(self, ctx: WorkerContext) -> Awaitable[None]:
-        return self.fn(self.worker)
-
-    def __repr__(self) -> str:
-        return repr(self.fn)
+        the rest (``engine.contexts``)."""
+        return contexts(self, runner, threads, stopping, self.middleware_in_use())

@@ -6,7 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from delayq.cli.main import load_app, main
+from delayq.cli.main import main
+from delayq.cli.worker import load_app
 
 
 def test_load_app_explains_bad_specs() -> None:

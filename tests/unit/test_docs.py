@@ -18,7 +18,7 @@ import delayq
 import delayq.testing
 from delayq import Queue, Worker
 from delayq.cli.main import main as cli
-from delayq.core import ScheduleOptions
+from delayq.spec import ScheduleOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -247,7 +247,7 @@ def test_the_reference_shows_defaults_by_value_and_documents_each_coroutine() ->
     import griffe
 
     pkg: griffe.Module = _griffe_package()  # type: ignore[assignment]
-    init = pkg["queue._Base.__init__"]
+    init = pkg["base.QueueBase.__init__"]
     defaults = {p.name: str(p.default) for p in init.parameters}
     assert defaults["max_payload"] == "64 * 1024"  # not DEFAULT_MAX_PAYLOAD
     assert defaults["dedupe_window"] == "24 * 3600.0" and defaults["prefix"] == "'dq'"

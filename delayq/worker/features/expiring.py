@@ -27,7 +27,7 @@ import asyncio
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +45,15 @@ from delayq.errors import (
     raise_for,
 )
 from delayq.expiring import ops as expiring
-from delayq.expiring.bells import ClusterBells
-from delayq.expiring.facade import Expired, Via
+from delayq.expiring.facade import Expired, ExpireFn, Via
+from delayq.expiring.ops import EXPIRE_KIND
 from delayq.runner import is_cluster
 from delayq.task import Task
 from delayq.timing import ms_to_datetime
 from delayq.worker.context import WorkerContext
+from delayq.worker.features.bells import ClusterBells
+from delayq.worker.lane import Lane
+from delayq.worker.registry import make_handler
 
 log = logging.getLogger("delayq.expiry")
 
@@ -60,8 +63,6 @@ NOTICE_BATCH = 200
 SHORT_WAIT_MS = 5
 CONFIRM_TRIES = 3  # an early check waits for the deadline at most this often
 CONFIRM_RETRY_MS = 250  # the confirm could not reach the server: look again this soon
-
-ExpireFn = Callable[["Expired"], Any]
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,36 @@ class _Callback:
     timeout: float | None = None
 
 
+def refuse_other_lane(lanes: Sequence[Lane], lane: Lane) -> None:
+    """``on_expire`` on ``lane``: refused (ConfigurationError) when another of the worker's
+    ``lanes`` has callbacks already (a worker watches the keys of one queue)."""
+    for other in lanes:
+        if other is not lane and other.extension(ExpiryWatcher) is not None:
+            raise ConfigurationError(
+                f"on_expire callbacks of this worker already watch queue {other.name!r}: a "
+                "worker watches the keys of one queue (run another worker for the other "
+                "queue's keys)"
+            )
+
+
+def watcher_on(lane: Lane, configure: bool) -> ExpiryWatcher:
+    """The lane's watcher: the one already there, else a new one added to it."""
+    return lane.extension(ExpiryWatcher) or lane.add(ExpiryWatcher(configure=configure))
+
+
+def watcher_of(lanes: Sequence[Lane], configure: bool) -> ExpiryWatcher:
+    """The worker's watcher (``Worker.expiry``): the one a lane has, else an empty one."""
+    found = (lane.extension(ExpiryWatcher) for lane in lanes)
+    return next((w for w in found if w is not None), None) or ExpiryWatcher(configure=configure)
+
+
 class ExpiryWatcher:
     """The expiry callbacks declared on one worker (``on_expire``), and, once it serves
-    (:meth:`attach`), their bell."""
+    (:meth:`attach`), their bell: an extension (:class:`~delayq.worker.lane.Extension`) on
+    the lane whose queue's keys it watches."""
 
     def __init__(self, *, configure: bool = True) -> None:
+        self._lane: Lane | None = None  # (register)
         self._ctx: WorkerContext | None = None  # the serving worker's, from attach()
         self.configure = configure
         self.patterns: list[tuple[str, ExpireFn]] = []
@@ -86,6 +112,24 @@ class ExpiryWatcher:
         self._pending: list[str] = []
         self._notifier: asyncio.Task[None] | None = None
         self.bells: ClusterBells | None = None  # on Redis Cluster: the per-primary bell
+
+    def register(self, lane: Lane) -> None:
+        self._lane = lane
+
+    def watch(self, pattern: str, fn: ExpireFn, max_attempts: int) -> None:
+        """``on_expire(pattern)``'s callback: the lane runs the keys' tasks (their handler
+        added with the first callback, with its ``max_attempts``)."""
+        if self._lane is None:
+            raise RuntimeError("this expiry watcher is on no worker: use Worker.on_expire")
+        registry = self._lane.registry
+        if registry.get(EXPIRE_KIND) is None:
+            registry.add(
+                make_handler(EXPIRE_KIND, self.handle, max_attempts=max_attempts, internal=True)
+            )
+        self.add(pattern, fn)
+
+    async def startup(self, ctx: WorkerContext) -> None:
+        """Nothing to start (the bell follows the waker's subscription): never registered."""
 
     def add(self, pattern: str, fn: ExpireFn) -> None:
         if not isinstance(pattern, str) or not pattern:

@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from delayq.cron import facade as cron_facade
 from delayq.cron import ops as cron_ops
 from delayq.cron.schedules import (
     DEFAULT_CATCH_UP_LIMIT,
@@ -49,8 +50,9 @@ from delayq.errors import (
     raise_for,
 )
 from delayq.task import Task
-from delayq.worker.context import StartupHook, WorkerContext
-from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, Registry, make_handler
+from delayq.worker.context import Loop, WorkerContext
+from delayq.worker.lane import Lane
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 
 log = logging.getLogger("delayq.cron")
 
@@ -78,20 +80,38 @@ def _default_name(fn: HandlerFn) -> str:
 
 
 class Schedules:
-    """The periodic schedules declared on one worker: their handlers go in ``registry``,
-    and the first declared adds the start-up pass to ``startup`` (the worker's start-up
-    hooks, which receive the :class:`WorkerContext` the occurrences then run with)."""
+    """The periodic schedules declared on one lane of a worker, an extension
+    (:class:`~delayq.worker.lane.Extension`): their handlers go in the lane's registry, and
+    the first declared adds the start-up pass (:meth:`startup`) to the lane's start-up
+    hooks; the pass starts the periodic check."""
 
-    def __init__(self, registry: Registry, startup: list[StartupHook]) -> None:
-        self.registry = registry
-        self.startup = startup
-        self._ctx: WorkerContext | None = None  # the serving worker's, from the start-up pass
+    def __init__(self) -> None:
+        self._lane: Lane | None = None  # (register)
+        self._ctx: WorkerContext | None = None  # the serving worker's (attach)
         self.entries: dict[str, _Entry] = {}
         self.tick_s = TICK_S
         self.orphan_grace_s = ORPHAN_GRACE_S
         self.forget_after_s = FORGET_AFTER_S
         self._synced = False
         self._ticker: asyncio.Task[None] | None = None
+
+    # -- the extension's hooks -------------------------------------------------------------
+
+    def register(self, lane: Lane) -> None:
+        self._lane = lane
+
+    @property
+    def lane(self) -> Lane:
+        """The lane whose queue keeps these schedules (``Worker.schedules_of``)."""
+        if self._lane is None:
+            raise RuntimeError("these schedules are on no worker: declare them on one")
+        return self._lane
+
+    def attach(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+
+    def loops(self) -> Sequence[tuple[str, Loop]]:
+        return ()  # the periodic check follows the start-up pass, which starts it
 
     # -- declaring ------------------------------------------------------------------------
 
@@ -194,10 +214,10 @@ class Schedules:
                 sched.kind, self._runner_for(sched.name), internal=True, **options
             )
             probe = make_handler(sched.kind, fn, timeout=timeout)
-            self.registry.add(handler)
+            self.lane.registry.add(handler)
             self.entries[sched.name] = _Entry(sched, fn, probe.is_async, probe.timeout)
             if len(self.entries) == 1:
-                self.startup.append(self._on_startup)
+                self.lane.startup.append(self.startup)
             return fn
 
         return register
@@ -263,7 +283,8 @@ class Schedules:
 
     # -- the start-up pass and the periodic check ------------------------------------------------
 
-    async def _on_startup(self, ctx: WorkerContext) -> None:
+    async def startup(self, ctx: WorkerContext) -> None:
+        """The start-up pass, then the periodic check under the worker's supervision."""
         self._ctx = ctx
         try:
             await self.sync(startup=True)
@@ -298,7 +319,7 @@ class Schedules:
         applied = 0
         for _ in range(5):
             state, registered = await ctx.runner.run_many(
-                [cron_ops.read(ctx.core), ctx.core.workers(limit=1000)]
+                [cron_facade.read(ctx.core), ctx.core.workers(limit=1000)]
             )
             live = {k for w in registered if w.alive for k in w.kinds}
             changes = cron_ops.plan(
