@@ -10,7 +10,8 @@ Each ``lua/<name>.lua`` opens with a header that declares its keys and arguments
 The header is the single source of truth: the loader prepends
 ``local K = {scheduled = KEYS[1], ...}`` and ``local A = {now = ARGV[1], ...}`` so the
 body uses names, and :meth:`Script.keys_and_args` builds the call from the same names,
-refusing a missing or unknown argument. ``--@include lib`` pulls in ``lua/lib/lib.lua``.
+refusing a missing or unknown argument. ``--@include lib`` pulls in ``lua/lib/lib.lua``, and
+its own includes, each lib once (:func:`expand`).
 
 The ``-- REPLY`` line declares the reply's layout, once, on one line (prose about the
 values goes in the ``Returns:`` lines)::
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from importlib import resources
@@ -53,7 +54,7 @@ from delayq.keys import Key, QueueKeys
 
 _KEY_RE = re.compile(r"^-- KEYS\[(\d+)\] (\*?\w+)\b")
 _ARG_RE = re.compile(r"^-- ARGV\[(\d+)(\.\.\.)?\] (\w+)\b")
-_INCLUDE_RE = re.compile(r"^--@include (\w+)\s*$", re.M)
+_INCLUDE_RE = re.compile(r"^--@include (\w+)[ \t]*$", re.M)
 _REPLY_RE = re.compile(r"^-- REPLY (.*?)\s*$")
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _FIELDS_RE = re.compile(r"^(?:per ([a-z_][a-z0-9_]*) )?\{([^{}]*)\}$")
@@ -289,8 +290,40 @@ def file_of(name: str) -> str:
     return f"{folder}/{rest}.lua" if folder in FOLDERS and rest else f"{name}.lua"
 
 
-def _expand(text: str) -> str:
-    return _INCLUDE_RE.sub(lambda m: _read(f"lib/{m.group(1)}.lua"), text)
+def expand(name: str, text: str, read: Callable[[str], str] | None = None) -> str:
+    """A script's text with its ``--@include lib`` lines replaced by ``lua/lib/lib.lua``, whose
+    own includes are expanded first, in place: each lib once (a later include of it is an
+    empty line), so a function is defined before the code that calls it. An include of a
+    lib that is being expanded is a cycle: ValueError naming it (``a -> b -> a``); a
+    missing lib: ValueError naming the script and the lib. ``read`` (tests) maps a lib's
+    name to its text."""
+    read = read or _read_lib
+    done: set[str] = set()
+
+    def walk(text: str, chain: tuple[str, ...]) -> str:
+        def include(m: re.Match[str]) -> str:
+            lib = m.group(1)
+            if lib in chain:
+                cycle = " -> ".join((*chain[chain.index(lib) :], lib))
+                raise ValueError(
+                    f"{name}.lua: the includes of lua/lib/ form a cycle: {cycle}; "
+                    "a lib may include only libs that do not include it back"
+                )
+            if lib in done:
+                return ""
+            done.add(lib)
+            return walk(read(lib), (*chain, lib)).rstrip("\n")
+
+        return _INCLUDE_RE.sub(include, text)
+
+    return walk(text, ())
+
+
+def _read_lib(lib: str) -> str:
+    try:
+        return _read(f"lib/{lib}.lua")
+    except FileNotFoundError:
+        raise ValueError(f"--@include {lib}: there is no lua/lib/{lib}.lua") from None
 
 
 def load(name: str) -> Script:
@@ -309,7 +342,7 @@ def load(name: str) -> Script:
     )
     preamble += "local A = {" + ", ".join(f"{a} = ARGV[{i}]" for i, a in enumerate(args, 1)) + "}\n"
     preamble += f"local REST = {len(args) + 1}\n"
-    source = preamble + _expand(text)
+    source = preamble + expand(name, text)
     sha = hashlib.sha1(source.encode()).hexdigest()
     return Script(name, source, sha, keys, args, variadic, reply)
 

@@ -20,8 +20,11 @@
 --          neither (finished, dead, already aborted, or unknown): nothing changed.
 -- The message starts with a word, so a worker that does not know it reads no due time in
 -- it and ignores it (waker.py).
---@include common
---@include expire
+--@include attempt_token
+--@include clock
+--@include forget
+--@include trim
+--@include unwatch
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local status = 0

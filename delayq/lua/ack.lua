@@ -13,9 +13,13 @@
 -- ARGV[5...] leases   pairs: id, lease token
 -- REPLY per refused {id}
 -- Returns: the ids whose ack was refused because the lease was lost (expired or taken over).
---@include common
+--@include argv
+--@include clock
+--@include forget
 --@include lease
---@include expire
+--@include time_text
+--@include trim
+--@include unwatch
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens = dq_columns(REST, 2)

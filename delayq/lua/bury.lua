@@ -10,7 +10,9 @@
 -- ARGV[2...] tasks   triples: id, lease token, reason
 -- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
---@include common
+--@include argv
+--@include bury
+--@include clock
 --@include lease
 local now = dq_now(A.now)
 local refused = {}

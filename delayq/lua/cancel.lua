@@ -8,8 +8,8 @@
 -- ARGV[1] id
 -- REPLY cancelled
 -- Returns: 1 if the task was waiting and is now gone, else 0.
---@include common
---@include expire
+--@include forget
+--@include unwatch
 if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
 dq_forget(K, {A.id})
 dq_unwatch(K, {A.id})

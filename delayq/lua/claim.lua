@@ -36,9 +36,18 @@
 -- the claim looks at most ADMIT_SCAN rows past limit for other kinds. Then next_due is the
 -- first due time after the skipped rows, or -1 when the look was cut short (the worker
 -- looks again when one of its runs ends).
---@include common
---@include reap
 --@include admit
+--@include admit_gate
+--@include attempt_count
+--@include attempt_text
+--@include bury
+--@include clock_us
+--@include head
+--@include reap
+--@include record_cached
+--@include register
+--@include time_text
+--@include wake
 local now, now_us = dq_now_us(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 

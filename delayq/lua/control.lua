@@ -5,8 +5,8 @@
 -- REPLY {paused, limit, limit_burst, tokens}
 -- Returns: paused ("1" or nil), the queue-wide rate limit as set ("100/s"; nil for none)
 -- and its burst, and the whole tokens this shard's bucket holds as of now (-1: no limit).
---@include common
---@include admit
+--@include admit_gate
+--@include clock
 local now = dq_now(A.now)
 local c = redis.call('HMGET', K.control, 'paused', 'limit', 'limit_burst')
 local tokens = -1

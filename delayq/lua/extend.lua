@@ -13,8 +13,10 @@
 -- REPLY per lost {id, aborted}
 -- Returns: per lease lost, its id and 1 if the task was aborted (queue.abort), else 0; their
 --          handlers must stop. (Only lost leases cost the aborted look-up.)
---@include common
+--@include argv
+--@include clock
 --@include lease
+--@include register
 local now = dq_now(A.now)
 dq_register(K, A.worker, A.worker_info, now)
 local deadline = now + tonumber(A.lease_ms)

@@ -7,7 +7,8 @@
 -- REPLY per task {kind, due, finished}
 -- Returns: flat triples, most recent first: kind ("?" if undecodable), due of the last run
 --          (ms, -1 if unknown), finish time (ms). Records already trimmed are skipped.
---@include common
+--@include attempt
+--@include record
 local done = redis.call('ZREVRANGE', K.done, 0, tonumber(A.limit) - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #done, 2 do

@@ -7,7 +7,7 @@
 -- ARGV[5] limit_burst  the queue-wide burst
 -- REPLY status
 -- Returns: 1. A new limit starts with a full bucket.
---@include common
+--@include clock
 if A.rate == '' then
   redis.call('HDEL', K.control, 'rate', 'burst', 'tokens', 'ts', 'limit', 'limit_burst')
   return 1

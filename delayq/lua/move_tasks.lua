@@ -12,7 +12,7 @@
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
---@include common
+--@include forget
 if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
 end

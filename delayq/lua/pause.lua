@@ -6,7 +6,8 @@
 -- REPLY status
 -- Returns: 1 when the state changed, 0 when it already was as asked. While paused, claim
 -- leases nothing (expired leases are still reaped); running tasks finish and are acked.
---@include common
+--@include head
+--@include time_text
 if A.paused == '1' then
   return redis.call('HSET', K.control, 'paused', '1')
 end

@@ -9,8 +9,8 @@
 -- ARGV[3...] ids     the tasks to purge; none means the oldest dead tasks
 -- REPLY count
 -- Returns: the number of tasks purged.
---@include common
---@include expire
+--@include forget
+--@include unwatch
 local ids = {}
 for i = REST, #ARGV do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then

@@ -12,8 +12,10 @@
 -- ARGV[3] channel    wake-up channel
 -- REPLY count
 -- Returns: the number of expired leases handled.
---@include common
+--@include clock
+--@include head
 --@include reap
+--@include wake
 local now = dq_now(A.now)
 local old_head = dq_head(K.scheduled)
 local n, first_due = dq_reap(K, now, tonumber(A.limit))

@@ -12,8 +12,16 @@
 --                    "+ms" from now, or absolute ms)
 -- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
---@include common
+--@include argv
+--@include attempt
+--@include attempt_text
+--@include clock
+--@include due
+--@include head
 --@include lease
+--@include requeue
+--@include time_text
+--@include wake
 local now = dq_now(A.now)
 local old_head = dq_head(K.scheduled)
 local min_due = false

@@ -10,7 +10,13 @@
 -- ARGV[4...] ids     the tasks to replay; none means the oldest dead tasks
 -- REPLY count
 -- Returns: the number of tasks replayed. The last error is kept for the record.
---@include common
+--@include attempt
+--@include attempt_text
+--@include clock
+--@include head
+--@include record
+--@include time_text
+--@include wake
 local now = dq_now(A.now)
 local ids = {}
 for i = REST, #ARGV do ids[#ids + 1] = ARGV[i] end

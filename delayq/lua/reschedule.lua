@@ -6,7 +6,10 @@
 -- ARGV[4] due        "+ms" from now, or absolute ms
 -- REPLY moved
 -- Returns: 1 if the task was waiting and moved, else 0 (running, finished, dead or unknown).
---@include common
+--@include clock
+--@include due
+--@include head
+--@include wake
 if not redis.call('ZSCORE', K.scheduled, A.id) then return 0 end
 local now = dq_now(A.now)
 local old_head = dq_head(K.scheduled)

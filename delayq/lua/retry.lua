@@ -10,8 +10,14 @@
 -- ARGV[3...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
 -- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
---@include common
+--@include argv
+--@include clock
+--@include due
+--@include error
+--@include head
 --@include lease
+--@include requeue
+--@include wake
 local now = dq_now(A.now)
 local old_head = dq_head(K.scheduled)
 local min_due = false

@@ -20,7 +20,10 @@
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
 --          done or aborted within the dedupe window, or dead), 3 not replaced because it is running
 --          (only with replace "1": a running task is never replaced).
---@include common
+--@include clock
+--@include due
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local replace = A.replace == '1'

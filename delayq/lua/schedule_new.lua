@@ -17,7 +17,10 @@
 -- an earlier task can be this one, so there is no state to look at and no attempts entry
 -- to clear (schedule.lua clears one for a known id that an earlier version left behind).
 -- A task id the caller chose, replace=True and durable=True go to schedule.lua.
---@include common
+--@include clock
+--@include due
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local due = dq_due(A.due, now)
 if redis.call('HSETNX', K.tasks, A.id, A.record) == 0 then return 0 end

@@ -11,7 +11,8 @@
 -- Returns: {now, scheduled, due, active, dead, done, head_due (-1: none),
 --           next_lease_deadline (-1: none), expiry watcher mode ("" if none), aborted,
 --           counter name, value, ...}
---@include common
+--@include clock
+--@include head
 local now = dq_now(A.now)
 local out = {
   now,

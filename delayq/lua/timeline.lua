@@ -6,7 +6,7 @@
 -- REPLY {now, overdue} then per bucket {count} then {later}
 -- Returns: {now, overdue (due by now), count of bucket 1, ..., count of bucket N, later};
 --          bucket i holds due times in (now + (i-1) * bucket_ms, now + i * bucket_ms].
---@include common
+--@include clock
 local now = dq_now(A.now)
 local width = tonumber(A.bucket_ms)
 local n = tonumber(A.buckets)

@@ -5,7 +5,7 @@
 -- ARGV[2] limit      at most this many
 -- REPLY {now} then per worker {id, seen, info}
 -- Returns: {now, id1, last_seen1, info1, id2, ...}; info is false if missing.
---@include common
+--@include clock
 local now = dq_now(A.now)
 local seen = redis.call('ZREVRANGE', K.workers_seen, 0, tonumber(A.limit) - 1, 'WITHSCORES')
 local out = {now}

@@ -21,8 +21,10 @@
 -- REPLY status
 -- Returns: "run", "skip", "busy" (max_running runs are on: try again later; "waiting" when
 --          it was already waiting) or "lost" (the lease is gone: expired or taken over).
---@include common
+--@include attempt
+--@include clock
 --@include cron
+--@include cron_put
 local now = dq_now(A.now)
 local deadline = redis.call('ZSCORE', K.active, A.id)
 if not deadline or tonumber(deadline) < now then return 'lost' end

@@ -7,8 +7,10 @@
 -- ARGV[3...] outcomes  quadruples: schedule name, occurrence id, status, error ("" if none)
 -- REPLY count
 -- Returns: the number of schedules updated.
---@include common
+--@include clock
 --@include cron
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local n = 0
 for i = REST, #ARGV, 4 do

@@ -11,7 +11,7 @@
 -- Returns: {now, name1, metadata1, state1, score1, name2, ...}; state is the next
 --          occurrence's set (scheduled, active, done, dead, aborted) or "" when it is gone, score
 --          its score there (-1 when gone).
---@include common
+--@include clock
 local now = dq_now(A.now)
 local all = redis.call('HGETALL', K.cron)
 local out = {now}

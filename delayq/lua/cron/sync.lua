@@ -12,8 +12,8 @@
 --                     create: id (""), due (absolute ms), record
 -- REPLY per change {applied}
 -- Returns: per change, 1 if applied, 0 if refused (the metadata changed meanwhile).
---@include common
---@include cron
+--@include cron_cancel
+--@include cron_put
 local out = {}
 for i = REST, #ARGV, 7 do
   local name, expect, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]

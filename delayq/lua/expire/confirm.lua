@@ -16,7 +16,8 @@
 -- so a live key is the newer value's, not this one extended: deliver.
 -- Once this has answered "current" or "moved", a set or delete finds the task past its
 -- deadline and leaves it to deliver (the server runs scripts one at a time).
---@include common
+--@include attempt
+--@include clock
 --@include lease
 local now = dq_now(A.now)
 if not dq_held(K, {A.id}, {A.token}, now, false)[1] then return {'lost', 0} end

@@ -13,8 +13,9 @@
 -- Only a key that has not expired is cancelled (waiting, or claimed ahead of its deadline:
 -- the claim is revoked). An expiry that happened is still delivered, and a mapping stays
 -- with its task's record (a bell about the key is then not taken for a foreign key's).
---@include common
+--@include clock
 --@include expire
+--@include expire_drop
 local now = dq_now(A.now)
 local id = redis.call('HGET', K.xkeys, A.key)
 local state = dq_watch_state(K, id, now)

@@ -17,8 +17,10 @@
 -- ARGV[6] gate_ms    how long the gate stays shut
 -- REPLY status
 -- Returns: 1 a watched key's task was moved to now, 2 a foreign key's task was created, else 0.
---@include common
+--@include clock
 --@include expire
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local id = redis.call('HGET', K.xkeys, A.key)
 local state = dq_watch_state(K, id, now)

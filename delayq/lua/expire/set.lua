@@ -19,8 +19,11 @@
 -- The task of an earlier set is replaced only while its key has not expired ('alive', or
 -- claimed ahead of its deadline: the claim is revoked). One whose key expired (waiting,
 -- claimed, retrying) is left to deliver the value it carries.
---@include common
+--@include clock
 --@include expire
+--@include expire_drop
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local deadline = now + tonumber(A.ttl_ms)
 local old = redis.call('HGET', K.xkeys, A.key)

@@ -13,8 +13,10 @@
 -- Returns: the new deadline (ms), or -1 when the key is not watched or has expired.
 -- Only a key that has not expired moves: a waiting task, or one claimed ahead of its
 -- deadline (the claim is revoked and the task waits again, never attempted).
---@include common
+--@include clock
 --@include expire
+--@include head
+--@include wake
 local now = dq_now(A.now)
 local id = redis.call('HGET', K.xkeys, A.key)
 local state = dq_watch_state(K, id, now)

@@ -1,33 +1,11 @@
--- Admission controls read by claim: pause, the rate limit's token bucket, per-kind rooms.
--- The control key holds them (keys.py: QueueKeys.control); a shard with none set costs
--- claim one HMGET of an absent key.
+--@include record_cached
+
+-- Admission by kind, for claim: per-kind rooms, and what the claim's reply reports
+-- (lib/admit_gate.lua reads the controls).
 
 -- Rows a claim with rooms looks at past its limit, for other kinds' tasks behind those of a
 -- kind whose room is used up.
 local ADMIT_SCAN = 100
-
--- The controls as of now: nil when none is set (the plain path), else {paused, limit (the
--- claim's limit, cut to the whole tokens in the bucket), rate (tokens per ms), tokens}.
--- The bucket refills on the server's clock (now); it is written only when tokens are spent.
-local function dq_admit_gate(control, now, limit)
-  local c = redis.call('HMGET', control, 'paused', 'rate', 'burst', 'tokens', 'ts')
-  if not c[1] and not c[2] then return nil end
-  local g = {paused = c[1] and true or false, limit = limit}
-  if g.paused then
-    g.limit = 0
-    return g
-  end
-  local rate, burst = tonumber(c[2]), tonumber(c[3])
-  if rate and burst and rate > 0 then
-    local tokens = tonumber(c[4]) or burst
-    local ts = tonumber(c[5]) or now
-    if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate) end
-    g.rate, g.tokens = rate, tokens
-    local whole = math.floor(tokens + 1e-9)  -- a refill's rounding is no token short
-    if whole < limit then g.limit = whole end
-  end
-  return g
-end
 
 -- The rooms of ARGV's tail (pairs "kind room", from index rest), or nil when there are none.
 local function dq_admit_rooms(rest)

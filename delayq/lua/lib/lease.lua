@@ -1,8 +1,10 @@
+--@include attempt_token
+
 -- Fencing, for a batch: the caller holds a task's lease only if the task is active, the
 -- lease has not expired, and the token of the task's current claim is the one handed out
 -- with this claim. One ZMSCORE and one HMGET of the attempts hash for the whole batch. With
 -- consumes (ack, retry, bury, release), an id repeated in the batch is held only the first
--- time, as if the calls ran one by one. Needs: common. k holds active and attempts.
+-- time, as if the calls ran one by one. k holds active and attempts.
 -- Returns, per id: true when the lease is held, else false.
 local function dq_held(k, ids, tokens, now, consumes)
   local held, seen = {}, {}
@@ -22,16 +24,4 @@ local function dq_held(k, ids, tokens, now, consumes)
     held[j] = h
   end
   return held
-end
-
--- The variadic tail as columns: dq_columns(REST, 2) -> {ids}, {tokens}.
-local function dq_columns(first, stride)
-  local cols = {}
-  for c = 1, stride do cols[c] = {} end
-  local n = 0  -- a counter: "#t + 1" costs a search on every insert
-  for i = first, #ARGV, stride do
-    n = n + 1
-    for c = 1, stride do cols[c][n] = ARGV[i + c - 1] end
-  end
-  return unpack(cols)
 end

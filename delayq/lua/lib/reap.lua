@@ -1,6 +1,11 @@
+--@include attempt
+--@include bury
+--@include error
+--@include record
+
 -- Return tasks whose lease expired (their worker died or stalled) to the scheduled set,
 -- or to the dead set when the task's own attempt limit is spent. The attempt counts.
--- Needs: common. k holds active, scheduled, tasks, attempts, dead, errors, stats.
+-- k holds active, scheduled, tasks, attempts, dead, errors, stats.
 -- Returns the number of leases reaped and the earliest due time it scheduled (or false).
 local function dq_reap(k, now, limit)
   local ids = redis.call('ZRANGEBYSCORE', k.active, '-inf', now, 'LIMIT', 0, limit)

@@ -1,3 +1,27 @@
+local K = {scheduled = KEYS[1], active = KEYS[2], tasks = KEYS[3], errors = KEYS[4], stats = KEYS[5], xkeys = KEYS[6], attempts = KEYS[7]}
+local A = {now = ARGV[1], channel = ARGV[2], key = ARGV[3], id = ARGV[4], ttl_ms = ARGV[5], header = ARGV[6], value = ARGV[7]}
+local REST = 8
+-- expire_set: record a watched key's deadline and value as a task that fires at that
+-- deadline (step 1 of expiring.set; step 2 sets the key itself with PXAT the deadline).
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] tasks
+-- KEYS[4] errors
+-- KEYS[5] stats
+-- KEYS[6] xkeys
+-- KEYS[7] attempts
+-- ARGV[1] now        ms, or "" for the server's TIME
+-- ARGV[2] channel    wake-up channel
+-- ARGV[3] key        the watched key
+-- ARGV[4] id         id of the new task
+-- ARGV[5] ttl_ms     time to live
+-- ARGV[6] header     the record's header line, newline included
+-- ARGV[7] value      the value, JSON-encoded
+-- REPLY deadline
+-- Returns: the deadline (ms, server clock).
+-- The task of an earlier set is replaced only while its key has not expired ('alive', or
+-- claimed ahead of its deadline: the claim is revoked). One whose key expired (waiting,
+-- claimed, retrying) is left to deliver the value it carries.
 -- Shared helpers, prepended to scripts that say "--@include common".
 
 -- The one clock: the server's TIME in ms, unless the caller passes an explicit "now"
@@ -50,35 +74,30 @@ end
 -- queue's tasks: they are decoded once per call, in cache. The header returned is shared
 -- between tasks: read it, never change it. Returns header (nil if undecodable), payload,
 -- created (nil if unknown), headers (their JSON object as text, undecoded; '' for none).
--- Any other header (fields in another order, an "h" before "c", whitespace, fields after
--- "h") is decoded whole, by dq_split: the same fields, more slowly.
 local function dq_split_cached(rec, cache)
   local nl = string.find(rec, '\n', 1, true)
   if not nl then return nil, rec end
-  -- The producers' two forms, by plain finds (memchr) and anchored matches: the first ',"c":'
-  -- (no JSON string holds one unescaped), then only digits and '}' to the line's end; or
-  -- digits, ',"h":{' and an object whose first '}' ends it right before the line's last
-  -- (it holds no other, so it is all of "h", and "h" is the last field).
+  -- The common case first, by plain find (memchr) and an anchored match: the first ',"c":'
+  -- (no JSON string holds one unescaped), then only digits and '}' to the line's end.
   local pre, c, hs = nil, nil, ''
   local at = string.find(rec, ',"c":', 1, true)
   if at and at < nl then
     local _, e
     _, e, c = string.find(rec, '^(%d+)}\n', at + 5)
-    if e then
-      pre = string.sub(rec, 1, at - 1)
-    else
-      _, e, c = string.find(rec, '^(%d+),"h":{', at + 5)
-      if e and string.byte(rec, nl - 1) == 125 and string.find(rec, '}', e, true) == nl - 2 then
-        pre, hs = string.sub(rec, 1, at - 1), string.sub(rec, e, nl - 2)
-      end
-    end
+    if e then pre = string.sub(rec, 1, at - 1) end
+  end
+  if not pre then
+    -- Greedy: the last ',"c":' of the line followed by digits, which no JSON string can
+    -- hold unescaped, and header values (strings) cannot follow with digits.
+    local line = string.sub(rec, 1, nl - 1)
+    pre, c = string.match(line, '^(.*),"c":(%d+)}$')
+    if not pre then pre, c, hs = string.match(line, '^(.*),"c":(%d+),"h":({.*})}$') end
+    hs = hs or ''
   end
   if pre then
     local h = cache[pre]
     if h == nil then
       h = dq_split(pre .. '}\n') or false
-      -- Headers among the fields before "c" (another program's order): read whole.
-      if h and h.h ~= nil then h = false end
       cache[pre] = h
     end
     local created = tonumber(c)
@@ -86,14 +105,7 @@ local function dq_split_cached(rec, cache)
   end
   local h, payload = dq_split(rec)
   hs = ''
-  -- Whatever "h" holds goes to the worker, which refuses anything but an object of strings
-  -- (as get() does); null is none. (Encoding fails on what cjson decodes but cannot write,
-  -- a number too big for a double, say: undecodable.)
-  if h and h.h ~= nil and h.h ~= cjson.null then
-    local ok, text = pcall(cjson.encode, h.h)
-    if not ok then return nil, payload end
-    hs = text
-  end
+  if h and type(h.h) == 'table' then hs = cjson.encode(h.h) end
   return h, payload, h and h.c, hs
 end
 
@@ -192,3 +204,85 @@ local function dq_register(k, id, info, now)
     redis.call('HDEL', k.workers, unpack(old))
   end
 end
+
+-- Watched keys' lifecycle (docs/expiring.md, "The lifecycle"), prepended to scripts that say
+-- "--@include expire". Needs: common. A watched key's task has the id "x:<16 chars>:<key>"
+-- (expiring.task_id_for), so the key is read back from the id, never built.
+
+-- The state of a watched key's task id at now, as the table names it:
+--   'alive'    waiting, never attempted, its due time (deadline + 1) still ahead
+--   'ahead'    claimed on its first attempt ahead of its due time (the worker's lookahead)
+--   'expired'  waiting, never attempted, due (its deadline passed, or the bell moved it)
+--   'claimed'  held by a worker at or past its due time, or on a later attempt
+--   'retrying' waiting after an attempt (failed, or its lease expired)
+--   'finished' delivered (done) or died (dead): its record stays, so does the mapping
+--   'none'     no task, or a mapping its record did not outlive
+-- Only 'alive' and 'ahead' are still replaceable: the key has not expired. k holds scheduled,
+-- active, tasks and attempts.
+local function dq_watch_state(k, id, now)
+  if not id then return 'none' end
+  if redis.call('HEXISTS', k.tasks, id) == 0 then return 'none' end  -- 0 is true in Lua
+  local due = redis.call('ZSCORE', k.scheduled, id)
+  if due then
+    local _, a = dq_attempt(k, id)
+    if a and a > 0 then return 'retrying' end
+    if tonumber(due) > now then return 'alive' end
+    return 'expired'
+  end
+  if redis.call('ZSCORE', k.active, id) then
+    local _, a, d = dq_attempt(k, id)
+    if a == 1 and d and d > now then return 'ahead' end
+    return 'claimed'
+  end
+  return 'finished'
+end
+
+-- Drop a task that is still replaceable ('alive' or 'ahead'): a claim ahead is revoked, so the
+-- worker that holds it finds its lease gone at the deadline and runs no callback.
+local function dq_watch_drop(k, id)
+  redis.call('ZREM', k.scheduled, id)
+  redis.call('ZREM', k.active, id)
+  dq_forget(k, {id})
+end
+
+-- A watched key's mapping goes with its task's record: called where records are forgotten
+-- (ack's trimming, cancel, purge). Ids of other tasks are skipped. k holds xkeys.
+local function dq_unwatch(k, ids)
+  for _, id in ipairs(ids) do
+    if string.sub(id, 1, 2) == 'x:' then
+      local key = string.match(id, '^x:[^:]*:(.*)$')
+      if key and redis.call('HGET', k.xkeys, key) == id then
+        redis.call('HDEL', k.xkeys, key)
+      end
+    end
+  end
+end
+
+-- Forget, a few per call, the tasks of a finished set (done, aborted) whose dedupe window
+-- ended by upto: their set entries, records and watched keys' mappings.
+local function dq_trim_finished(k, set, upto, limit)
+  local old = redis.call('ZRANGEBYSCORE', set, '-inf', upto, 'LIMIT', 0, limit)
+  if #old > 0 then
+    redis.call('ZREM', set, unpack(old))
+    dq_forget(k, old)
+    dq_unwatch(k, old)
+  end
+end
+
+local now = dq_now(A.now)
+local deadline = now + tonumber(A.ttl_ms)
+local old = redis.call('HGET', K.xkeys, A.key)
+local state = dq_watch_state(K, old, now)
+if state == 'alive' or state == 'ahead' then
+  dq_watch_drop(K, old)
+end
+local old_head = dq_head(K.scheduled)
+local payload = '{"k":' .. cjson.encode(A.key) .. ',"v":' .. A.value .. ',"d":' .. deadline .. '}'
+redis.call('HSET', K.xkeys, A.key, A.id)
+redis.call('HSET', K.tasks, A.id, A.header .. payload)
+-- Redis counts a key as expired once its clock is past the deadline: the task is due 1 ms
+-- after it, so the check that follows finds the key gone rather than re-arming for 1 ms.
+redis.call('ZADD', K.scheduled, deadline + 1, A.id)
+redis.call('HINCRBY', K.stats, 'scheduled', 1)
+dq_wake(A.channel, old_head, deadline + 1)
+return deadline

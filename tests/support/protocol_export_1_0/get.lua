@@ -1,0 +1,27 @@
+local K = {scheduled = KEYS[1], active = KEYS[2], dead = KEYS[3], done = KEYS[4], tasks = KEYS[5], errors = KEYS[6], attempts = KEYS[7], aborted = KEYS[8]}
+local A = {id = ARGV[1]}
+local REST = 2
+-- get: one task's state, score, record and last error (read-only).
+-- KEYS[1] scheduled
+-- KEYS[2] active
+-- KEYS[3] dead
+-- KEYS[4] done
+-- KEYS[5] tasks
+-- KEYS[6] errors
+-- KEYS[7] attempts
+-- KEYS[8] aborted
+-- ARGV[1] id
+-- REPLY {state, score, record, error, attempt} | nil
+-- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
+--          <due>") or false} or false when the id is unknown.
+--          score: due time (scheduled), lease deadline (active), time of death, finish or
+--          abort.
+local rec = redis.call('HGET', K.tasks, A.id)
+if not rec then return false end
+local err = redis.call('HGET', K.errors, A.id)
+local attempt = redis.call('HGET', K.attempts, A.id)
+for _, state in ipairs({'scheduled', 'active', 'dead', 'done', 'aborted'}) do
+  local score = redis.call('ZSCORE', K[state], A.id)
+  if score then return {state, score, rec, err, attempt} end
+end
+return false
