@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.types import Scope
 
-from delayq.core import Op
+from delayq.core import Op, QueueCore
 from delayq.errors import DelayqError
 from delayq.http import wire
 from delayq.http.problems import Problem, field_error, invalid
@@ -85,8 +85,8 @@ def task_id(queue: str, key: str, index: int | None = None) -> str:
     return "ik:" + hashlib.sha256(where.encode()).hexdigest()[:32]
 
 
-def _record(q: AsyncQueue, key: str) -> dict[str, str]:
-    return {"record": q.core.keys.idempotency(hashlib.sha256(key.encode()).hexdigest())}
+def _record(core: QueueCore, key: str) -> dict[str, str]:
+    return {"record": core.keys.idempotency(hashlib.sha256(key.encode()).hexdigest())}
 
 
 def _begin_reply(reply: Any) -> tuple[str, bytes]:
@@ -94,14 +94,16 @@ def _begin_reply(reply: Any) -> tuple[str, bytes]:
     return (state.decode() if isinstance(state, bytes) else str(state)), bytes(answer)
 
 
-def begin_op(q: AsyncQueue, key: str, hashed: str) -> Op[tuple[str, bytes]]:
+def begin_op(core: QueueCore, key: str, hashed: str) -> Op[tuple[str, bytes]]:
+    """Take ``key`` for a request of digest ``hashed``, or learn why not (idem_begin)."""
     args: dict[str, Any] = {"hash": hashed, "pending_ms": PENDING_MS}
-    return q.core.op("idem_begin", args, [], _begin_reply, dynamic=_record(q, key))
+    return core.op("idem_begin", args, [], _begin_reply, dynamic=_record(core, key))
 
 
-def end_op(q: AsyncQueue, key: str, hashed: str, answer: bytes) -> Op[int]:
-    args: dict[str, Any] = {"hash": hashed, "answer": answer, "window_ms": q.core.dedupe_ms}
-    return q.core.op("idem_end", args, [], int, dynamic=_record(q, key))
+def end_op(core: QueueCore, key: str, hashed: str, answer: bytes) -> Op[int]:
+    """Keep the answer for the dedupe window, or free the key (``answer`` b"")."""
+    args: dict[str, Any] = {"hash": hashed, "answer": answer, "window_ms": core.dedupe_ms}
+    return core.op("idem_end", args, [], int, dynamic=_record(core, key))
 
 
 def refusal(state: str, key: str) -> Problem:
@@ -132,7 +134,7 @@ async def answer(
     ``Idempotent-Replayed: true``); 422 for another request, 409 while the first runs. Only
     a 2xx answer is kept: after a refusal or a failure the key is freed, to be sent again."""
     hashed = digest(route, data)
-    state, first = await q.runner.run(begin_op(q, key, hashed))
+    state, first = await q.runner.run(begin_op(q.core, key, hashed))
     if state == "done":
         return wire.encoded(int(first[:3]), first[3:], {REPLAYED: "true"})
     if state != "new":
@@ -145,6 +147,6 @@ async def answer(
         return reply
     finally:
         try:
-            await q.runner.run(end_op(q, key, hashed, kept))
+            await q.runner.run(end_op(q.core, key, hashed, kept))
         except DelayqError as e:  # (the key frees itself after PENDING_MS)
             log.warning("could not record Idempotency-Key %r's answer: %s", key, e)
