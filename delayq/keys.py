@@ -133,6 +133,13 @@ class QueueKeys:
         suffix="wake",
     )
 
+    def idempotency(self, digest: str) -> str:
+        """STRING of one ``Idempotency-Key`` sent to the HTTP API (``digest``: the key's
+        SHA-256, hex): ``p`` and the body's digest while its request runs (60 s at most),
+        then ``d``, the digest and the first answer, kept for the dedupe window. Written
+        only by the idem_begin and idem_end scripts, on the queue's (shard 0's) tag."""
+        return f"{self.base}:idem:{digest}"
+
     def expire_gate(self, key: str) -> str:
         """Short-lived marker that lets one worker of many act on a foreign key's expiry."""
         return f"{self.base}:xgate:{key}"

@@ -347,7 +347,7 @@ def load(name: str) -> Script:
     return Script(name, source, sha, keys, args, variadic, reply)
 
 
-FOLDERS = ("cron", "expire")  # lua/<folder>/<x>.lua is the script <folder>_<x>
+FOLDERS = ("cron", "expire", "idem")  # lua/<folder>/<x>.lua is the script <folder>_<x>
 NAMES = (
     "schedule",
     "schedule_new",
@@ -389,6 +389,8 @@ NAMES = (
     "control",
     "limit",
     "pause",
+    "idem_begin",
+    "idem_end",
 )
 
 

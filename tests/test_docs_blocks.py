@@ -25,7 +25,8 @@ with these directives:
 Without a marker a ``python`` block is run and typed as it is. A shell block (``bash``,
 ``sh``, ``console``) must say ``not-run`` or ``ran-by``. A block in a data language
 (``json``, ``yaml``, ``text``, ``ini``, ``conf``, ``toml``, ``dockerfile``, ``promql``) is
-not a program, and its language says so; a fence without a language is refused (write
+not a program, and its language says so; a block in another language (``java``) must say
+``in`` (the file a test runs) or ``not-run``; a fence without a language is refused (write
 ``text``).
 
 Running: the runnable Python blocks of every page, in page order, in one child process
@@ -60,6 +61,7 @@ FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)(?P<lang>[\w+-]*)[^\n]*
 MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<body>.*?)\s*-->\s*$")
 SHELL = {"bash", "sh", "console", "shell"}
 DATA = {"json", "yaml", "text", "ini", "conf", "toml", "dockerfile", "promql"}
+OTHER = {"java"}  # programs in another language: shown from a file a test runs, or not run
 DIRECTIVES = {"not-run", "not-typed", "with", "file", "in", "ran-by"}
 LOCAL_URL = "redis://127.0.0.1:6379/0"
 
@@ -199,8 +201,10 @@ def problems(block: Block) -> list[str]:
         out.append("a fence without a language: write ```text (or the block's language)")
     elif block.lang in SHELL and not {"not-run", "ran-by"} & set(d):
         out.append("a shell block: mark it <!-- docs: not-run: WHY --> or ran-by: TEST")
-    elif block.lang not in SHELL | DATA | {"python"}:
-        out.append(f"language {block.lang!r}: add it to DATA or SHELL in {__name__}")
+    elif block.lang in OTHER and not {"not-run", "in"} & set(d):
+        out.append(f"a {block.lang} block: mark it <!-- docs: not-run: WHY --> or in: FILE")
+    elif block.lang not in SHELL | DATA | OTHER | {"python"}:
+        out.append(f"language {block.lang!r}: add it to DATA, SHELL or OTHER in {__name__}")
     if "with" in d and d["with"] not in PRELUDES:
         out.append(f"no prelude {d['with']!r} (there are {sorted(PRELUDES)})")
     if "in" in d:
@@ -227,10 +231,12 @@ def test_the_marker_rules_catch_what_they_should(tmp_path: Path) -> None:
         "<!-- docs: not-run: installs -->\n```sh\npip install x\n```\n\n"
         "<!-- docs: with: nothing -->\n```python\nx = 1\n```\n\n"
         "<!-- docs: in: tests/conftest.py -->\n```python\nnot in it = 1\n```\n\n"
-        "<!-- docs: ran-by: tests/test_demo.py::test_nope -->\n```bash\ndelayq demo\n```\n"
+        "<!-- docs: ran-by: tests/test_demo.py::test_nope -->\n```bash\ndelayq demo\n```\n\n"
+        "```java\nclass A {}\n```\n\n"
+        "<!-- docs: not-run: Spring -->\n```java\nclass B {}\n```\n"
     )
     got = [problems(b) for b in blocks(page)]
-    assert [len(p) for p in got] == [1, 1, 0, 1, 1, 1], got
+    assert [len(p) for p in got] == [1, 1, 0, 1, 1, 1, 1, 0], got
 
 
 def test_every_python_block_passes_mypy_strict(tmp_path: Path) -> None:

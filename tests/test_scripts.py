@@ -24,6 +24,7 @@ from delayq.admin import inspect as admin
 from delayq.codec import Attempt, Header, RecordError, encode_record, split_record
 from delayq.core import Op, QueueCore
 from delayq.expiring import ops as expiring
+from delayq.http import idempotency
 from delayq.keys import Key, QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
@@ -1330,6 +1331,8 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         expiring.notice_op(core, "k", foreign=True, now_ms=NOW),
         expiring.confirm_op(core, "k", "x:1:k", 1, now_ms=NOW),
         expiring.delivered_op(core, "k"),
+        idempotency.begin_op(core, "k", "0" * 64),
+        idempotency.end_op(core, "k", "0" * 64, b""),
         *cron_builders_once(core),
         *reshard_builders_once(core),
         *controls_builders_once(core),

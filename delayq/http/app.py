@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace as replace_spec
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from delayq.errors import (
     PayloadTooLarge,
 )
 from delayq.expiring.ops import validate_key
-from delayq.http import schemas, wire
+from delayq.http import idempotency, schemas, wire
 from delayq.http.coalesce import Coalescer
 from delayq.http.openapi import document
 from delayq.http.problems import Problem, field_error, from_error, invalid
@@ -240,8 +241,35 @@ class Api:
         return await self.run(request, work)
 
     async def schedule(self, request: Request) -> Reply:
-        f = schemas.check_fields(request.json(), schemas.TASK)
-        tid = f.get("id") or new_task_ids(1)[0]
+        raw = idempotency.key_of(request.scope)
+        if raw is not None:
+            return await self.idempotent(request, raw, "tasks", self._schedule)
+        return await self._schedule(request, request.json(), None)
+
+    async def schedule_batch(self, request: Request) -> Reply:
+        raw = idempotency.key_of(request.scope)
+        if raw is not None:
+            return await self.idempotent(request, raw, "batch", self._schedule_batch)
+        return await self._schedule_batch(request, request.json(), None)
+
+    async def idempotent(
+        self,
+        request: Request,
+        raw: bytes,
+        route: str,
+        handle: Callable[[Request, Any, str | None], Awaitable[Reply]],
+    ) -> Reply:
+        """A POST with an ``Idempotency-Key`` (``idempotency.py``)."""
+        key = idempotency.check_key(raw)
+        data = request.json()
+        q = await self.queue(request)
+        return await idempotency.answer(q, key, route, data, lambda: handle(request, data, key))
+
+    async def _schedule(self, request: Request, data: Any, key: str | None) -> Reply:
+        f = schemas.check_fields(data, schemas.TASK)
+        tid = f.get("id") or (
+            idempotency.task_id(request.params["queue"], key) if key else new_task_ids(1)[0]
+        )
         spec = schemas.spec_of(f, tid)
 
         async def work(q: AsyncQueue) -> Reply:
@@ -259,8 +287,13 @@ class Api:
 
         return await self.run(request, work)
 
-    async def schedule_batch(self, request: Request) -> Reply:
-        specs, replace, durable = schemas.batch_specs(request.json())
+    async def _schedule_batch(self, request: Request, data: Any, key: str | None) -> Reply:
+        specs, replace, durable = schemas.batch_specs(data)
+        if key is not None:  # a task sent without an id: its id is the key's and its index's
+            queue = request.params["queue"]
+            for i, task in enumerate(data["tasks"]):
+                if "id" not in task:
+                    specs[i] = replace_spec(specs[i], task_id=idempotency.task_id(queue, key, i))
         ids = [str(s.task_id) for s in specs]
 
         async def work(q: AsyncQueue) -> Reply:

@@ -64,6 +64,24 @@ _BODY_ERRORS = {
     "415": _problem("unsupported-media-type", "The body is not JSON."),
 }
 _CONFLICT = {"409": _problem("conflict", "The task is running or finished.")}
+_IN_FLIGHT = {
+    "409": _problem(
+        "conflict",
+        "A request with this Idempotency-Key is still being answered: send it again later "
+        "(Retry-After: 1) to get that request's answer.",
+    )
+}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+    "description": "Send the request again with the same key and body, within the queue's "
+    "dedupe window, and it answers the first result again (with `Idempotent-Replayed: "
+    "true`) instead of scheduling again; the same key with another body is a 422. A task "
+    "sent without an id gets one derived from the key (in a batch, from the key and its "
+    "index).",
+}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -303,9 +321,10 @@ def document() -> dict[str, Any]:
                     "200": _json(_SCHEDULED, "The id existed: left as it was (or replaced)."),
                     **_COMMON,
                     **_BODY_ERRORS,
+                    **_IN_FLIGHT,
                 },
                 body="Task",
-                params=[_QUEUE],
+                params=[_QUEUE, _IDEMPOTENCY_KEY],
             ),
         },
         "/v1/queues/{queue}/tasks/batch": {
@@ -324,9 +343,10 @@ def document() -> dict[str, Any]:
                     ),
                     **_COMMON,
                     **_BODY_ERRORS,
+                    **_IN_FLIGHT,
                 },
                 body="Batch",
-                params=[_QUEUE],
+                params=[_QUEUE, _IDEMPOTENCY_KEY],
             ),
         },
         "/v1/queues/{queue}/tasks/{id}": {

@@ -54,9 +54,9 @@ class Reply:
         self.media = JSON_MEDIA
 
 
-def encoded(status: int, body: bytes) -> Reply:
+def encoded(status: int, body: bytes, headers: dict[str, str] | None = None) -> Reply:
     """A reply whose JSON body is encoded already."""
-    reply = Reply(status)
+    reply = Reply(status, headers=headers)
     reply.body = body
     return reply
 
