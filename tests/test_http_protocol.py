@@ -11,6 +11,7 @@ within 5 s each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -375,7 +376,10 @@ def test_a_slow_client_is_cut_off_while_others_are_served(api_process: Any, qnam
 
 def test_connections_past_the_limit_get_a_503_problem(api_process: Any) -> None:
     api = api_process("--max-connections", "3", "--header-timeout", "60")
-    idle = [api.connect(), api.connect()]
+    idle = [api.connect(), api.connect(), api.connect()]  # (3 are served: the 4th refused)
+    time.sleep(0.5)
+    idle[2].sendall(request("GET", "/healthz"))  # (kept alive: still one of the 3)
+    assert read_response(idle[2])[0] == 200
     try:
         with api.connect() as sock:
             time.sleep(0.5)  # (the server has accepted the idle two)
@@ -392,6 +396,45 @@ def test_connections_past_the_limit_get_a_503_problem(api_process: Any) -> None:
     while httpx.get(f"{api.base}/healthz", timeout=10).status_code != 200:
         assert time.monotonic() < deadline, "still refused once the idle connections closed"
         time.sleep(0.1)
+
+
+def test_a_client_that_never_reads_is_cut_off_at_the_write_timeout(
+    api_process: Any, qname: str
+) -> None:
+    api = api_process(
+        "--max-connections", "3", "--header-timeout", "2", "--body-timeout", "2",
+        "--write-timeout", "3",
+    )  # fmt: skip
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    task = {"kind": "k", "id": "big", "delay": 3600, "payload": {"x": "a" * 60000}}
+    r = httpx.post(f"{api.base}/v1/queues/{qname}/tasks", json=task, headers=auth, timeout=10)
+    assert r.status_code < 300, r.text
+    get = request(
+        "GET", f"/v1/queues/{qname}/tasks/big", headers=f"Authorization: Bearer {TOKEN}\r\n"
+    )
+    slow = []
+    for _ in range(2):  # pipelining 100 large responses, never reading one
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        s.connect(("127.0.0.1", api.port))
+        s.sendall(get * 100)
+        slow.append(s)
+    try:
+        deadline = time.monotonic() + 20  # (3 s, on a loaded machine)
+        while True:
+            status = httpx.get(f"{api.base}/healthz", timeout=10).status_code
+            if status == 200:
+                break
+            assert time.monotonic() < deadline, "a client that never reads still holds its slot"
+            time.sleep(0.5)
+        for s in slow:  # cut off: what was sent, then the end (or a reset)
+            s.settimeout(10)
+            with contextlib.suppress(ConnectionResetError):
+                while s.recv(1 << 20):
+                    pass
+    finally:
+        for s in slow:
+            s.close()
 
 
 # -- the token as given ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ _SECONDS = click.FloatRange(0, 3600, min_open=True)
 
 
 def limits_options(f: F) -> F:
-    """--max-connections, --keep-alive, --header-timeout, --body-timeout, handed to the
+    """--max-connections, --keep-alive, --header-timeout, --body-timeout,
+    --write-timeout, handed to the
     command as one ``limits`` (a Limits)."""
 
     @functools.wraps(f)
@@ -30,9 +31,10 @@ def limits_options(f: F) -> F:
         keep_alive: int,
         header_timeout: float,
         body_timeout: float,
+        write_timeout: float,
         **kwargs: Any,
     ) -> Any:
-        limits = Limits(max_connections, keep_alive, header_timeout, body_timeout)
+        limits = Limits(max_connections, keep_alive, header_timeout, body_timeout, write_timeout)
         return f(*args, limits=limits, **kwargs)
 
     options = [
@@ -70,6 +72,15 @@ def limits_options(f: F) -> F:
             metavar="SECONDS",
             help="A request's body must arrive within this of its headers (408 and closed "
             "otherwise).",
+        ),
+        click.option(
+            "--write-timeout",
+            type=_SECONDS,
+            default=_DEFAULT.write_timeout,
+            show_default=True,
+            metavar="SECONDS",
+            help="Close a connection whose response stays blocked this long on a client "
+            "that does not read it.",
         ),
     ]
     for option in reversed(options):

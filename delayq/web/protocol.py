@@ -15,6 +15,10 @@ protocol (its C parser: about twice the requests a second of h11), with what it 
   timer it has is cancelled by any byte received, so a client sending a byte a second held
   a connection for ever. A request read too slowly is answered 408 and its connection
   closed. The time a request spends being answered is never counted.
+- **A deadline on writing a response.** A response blocked on a client that does not read
+  it (the transport's write buffer full: uvicorn pauses writing) must drain within
+  ``write_timeout``, or the connection is aborted. The timer is armed only when the
+  transport pauses writing, so a response that drains costs nothing more.
 - **Over the connection limit** (uvicorn's ``limit_concurrency``) the 503 is a problem,
   like every other refusal, and closes the connection.
 """
@@ -66,6 +70,7 @@ class Protocol(HttpToolsProtocol):
 
     header_timeout = 10.0
     body_timeout = 30.0
+    write_timeout = 30.0
 
     def __init__(
         self,
@@ -83,6 +88,7 @@ class Protocol(HttpToolsProtocol):
         self.deadline: asyncio.TimerHandle | None = None
         self.armed_for: tuple[str, float] | None = None
         self.replay: _Replay | None = None  # reading a declined upgrade's body
+        self.write_deadline: asyncio.TimerHandle | None = None
 
     # -- the deadlines ------------------------------------------------------------------------
 
@@ -147,8 +153,32 @@ class Protocol(HttpToolsProtocol):
         self.reading, self.since = "head", self.loop.time()
         self.settle()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(self.write_timeout, self.write_too_slow)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    def write_too_slow(self) -> None:
+        self.write_deadline = None
+        log.info(
+            "closed a connection from %s: its response did not drain within %g s "
+            "(the client does not read it; the server's --write-timeout sets the limit)",
+            f"{self.client[0]}:{self.client[1]}" if self.client else "?",
+            self.write_timeout,
+        )
+        self.transport.abort()  # (close would wait for the buffer to drain: it never does)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -205,7 +235,8 @@ class Protocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         app = self.app
         limit = self.max_connections
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+        # (self is among the connections; this request not yet among the tasks)
+        if limit is not None and (len(self.connections) > limit or len(self.tasks) >= limit):
             self.logger.warning("Exceeded concurrency limit.")
             self.app = _Overloaded(limit)
         try:

@@ -2,9 +2,9 @@
 (``delayq dashboard``).
 
 Both get the same bounds on what clients can hold (:class:`Limits`: the flags
-``--max-connections``, ``--keep-alive``, ``--header-timeout`` and ``--body-timeout`` of both
-commands), the HTTP/1.1 protocol of ``protocol.py``, and say their URL only once they
-listen. uvicorn is imported only here, when a server starts.
+``--max-connections``, ``--keep-alive``, ``--header-timeout``, ``--body-timeout`` and
+``--write-timeout`` of both commands), the HTTP/1.1 protocol of ``protocol.py``, and say
+their URL only once they listen. uvicorn is imported only here, when a server starts.
 """
 
 from __future__ import annotations
@@ -27,26 +27,29 @@ class Limits:
     """What one client, or many, can hold of a server.
 
     Args:
-        max_connections: connections and requests in progress at once; a request past
-            them is answered 503 (uvicorn's ``limit_concurrency``).
+        max_connections: connections and requests in progress at once (that many are
+            served); a request past them is answered 503 (uvicorn's ``limit_concurrency``).
         keep_alive: seconds an idle kept-alive connection stays open (uvicorn's
             ``timeout_keep_alive``).
         header_timeout: seconds a request's head (request line and headers) may take to
             arrive, from its first byte (from the connection, for its first request).
         body_timeout: seconds its body may take, from the end of its head.
+        write_timeout: seconds a response may stay blocked on a client that does not read
+            it (the connection's write buffer full) before the connection is closed.
     """
 
     max_connections: int = 1000
     keep_alive: int = 5
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    write_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "keep_alive"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a whole number from 1, got {value!r}")
-        for name in ("header_timeout", "body_timeout"):
+        for name in ("header_timeout", "body_timeout", "write_timeout"):
             value = getattr(self, name)
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or not 0 < value <= 3600:
@@ -63,7 +66,11 @@ def protocol_class(limits: Limits) -> type[Any]:
     return type(
         "Protocol",
         (Protocol,),
-        {"header_timeout": float(limits.header_timeout), "body_timeout": limits.body_timeout},
+        {
+            "header_timeout": float(limits.header_timeout),
+            "body_timeout": float(limits.body_timeout),
+            "write_timeout": float(limits.write_timeout),
+        },
     )
 
 
