@@ -47,6 +47,9 @@ class Claimed:
     id: str
     header: Header
     payload: bytes
+    # The shard it was claimed from: its outcome and its lease extensions go there, even
+    # when another program wrote it onto a shard its id does not hash to.
+    shard: int = 0
 
     @property
     def token(self) -> int:
@@ -114,6 +117,8 @@ def claim(
     ``kind, room`` (the worker's per-kind concurrency left; see controls.kind_rooms); a kind
     whose room is 0 is left waiting. Empty: every kind, as claim always did."""
 
+    shard = core.shard
+
     def parse(r: Any) -> ClaimResult:
         # claim.lua buried the records it could not read and sends the rest's header fields
         # decoded (see its header): nothing to validate here, and no JSON to parse.
@@ -131,6 +136,7 @@ def claim(
                     headers,  # b"" for none; decoded by the executor (build_task)
                 ),
                 payload,
+                shard,
             )
             for id, kind, attempt, max_attempts, token, due, created, format, headers, payload in (
                 _CLAIM.rows(r)

@@ -1,6 +1,6 @@
 """A run's slot, its place in its kind's count, its lease and its abort, on a real server, as
-a user meets them (issue 28: findings 1, 4 and 5). The table behind them is tested row by
-row in tests/unit/test_run_states.py."""
+a user meets them (issue 28: findings 1, 4 and 5, and outcomes routed to the shard a task
+came from). The table behind them is tested row by row in tests/unit/test_run_states.py."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from delayq import Queue, Task, TaskSpec, Worker
 from delayq.admin.metrics import WorkerMetrics
+from delayq.codec import encode_record
+from delayq.keys import shard_of
 
 from .support.helpers import wait_for
 
@@ -239,3 +241,39 @@ def test_an_abort_heard_before_the_claim_reply_is_processed_stops_the_task(
         time.sleep(0.3)
     assert ran == []
     assert queue.get(victim).state == "aborted"
+
+
+# -- found since: outcomes and leases go to the shard the task came from ----------------
+
+
+def test_a_record_written_on_a_shard_its_id_does_not_hash_to_runs_once(
+    server: Any, qname: str, run_worker: Any
+) -> None:
+    """Another program writes a valid record onto shard 1 of a 2-shard queue, under an id
+    that hashes to shard 0. The worker claims it from shard 1; its heartbeat and its ack go
+    there too, so it runs once and is done, instead of losing its lease every beat."""
+    queue = Queue(qname, url=server.url, shards=2, dedupe_window=3600)
+    queue.stats()  # stores the shard count
+    tid = next(f"stray-{i}" for i in range(100) if shard_of(f"stray-{i}", 2) == 0)
+    keys = queue.shards.cores[1].keys
+    r = redis.Redis.from_url(server.url)
+    now_ms = int(r.time()[0]) * 1000
+    r.hset(keys.tasks, tid, encode_record("k", b"1", max_attempts=5, created_ms=now_ms, fmt="json"))
+    r.zadd(keys.scheduled, {tid: now_ms})
+    runs: list[int] = []
+    worker = Worker(queue, lease=1)
+
+    @worker.handler("k")
+    async def k(task: Task) -> None:
+        runs.append(task.attempt)
+        await asyncio.sleep(1.5)  # past the lease: the heartbeat must extend it
+
+    try:
+        with run_worker(worker):
+            wait_for(lambda: r.zscore(keys.done, tid) is not None, timeout=10)
+            time.sleep(1.5)
+        assert runs == [1]
+        assert r.zscore(keys.active, tid) is None
+    finally:
+        r.close()
+        queue.close()

@@ -123,7 +123,7 @@ class Executor:
             extra=log_fields(claimed.id, h.kind, h.attempts, self.queue),
         )
         await self._fire_on_dead(task, claimed.id, reason)
-        return Outcome("bury", claimed.id, claimed.token, text=reason)
+        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
 
     async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
         for hook in self.registry.on_dead:
@@ -196,7 +196,7 @@ class Executor:
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard)
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -213,12 +213,12 @@ class Executor:
             self.on_failure(task, e)
         v = self.classify(e, task)
         if v.outcome == "deferred":
-            return Outcome("release", task.id, task.token, due=f"+{v.due_ms}")
+            return Outcome("release", task.id, task.token, f"+{v.due_ms}", "", claimed.shard)
         fields = log_fields(task.id, task.kind, task.attempt, self.queue)
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self.emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token)
+            return Outcome("discard", task.id, task.token, "", "", claimed.shard)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         text = "".join(traceback.format_exception(e)) if unexpected else v.error
         if v.failed:
@@ -243,4 +243,4 @@ class Executor:
             )
         self.emit("retried", claimed, duration=duration)
         due = _retry_after(handler, task.attempt, v.after)
-        return Outcome("retry", task.id, task.token, due, text)
+        return Outcome("retry", task.id, task.token, due, text, claimed.shard)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from delayq import leasing
+from delayq.core import QueueCore
 from delayq.errors import DelayqError
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
@@ -30,7 +31,8 @@ class Heartbeat:
     ) -> None:
         self.shards = shards
         self.runner = runner
-        # The lane's live map: id -> the claim whose lease is extended.
+        # The lane's live map: id -> the claim whose lease is extended (its token, and the
+        # shard it was claimed from, where the extension goes).
         self.leases = leases
         self.lease_ms = lease_ms
         self.interval = interval
@@ -50,7 +52,7 @@ class Heartbeat:
         sent = {c.id: c.token for c in held}
         lost: list[tuple[str, int]] = []
         aborted: set[str] = set()
-        groups = self.shards.group(held, lambda c: c.id)
+        groups = self._by_shard(held)
         if (self.shards.n > 1 or not held) and all(
             core is not self.shards.home for core, _ in groups
         ):
@@ -91,6 +93,17 @@ class Heartbeat:
     def _holds(self, task_id: str, token: int) -> bool:
         claimed = self.leases.get(task_id)
         return claimed is not None and claimed.token == token
+
+    def _by_shard(self, held: list[Claimed]) -> list[tuple[QueueCore, list[Claimed]]]:
+        """The leases by the shard each was claimed from (not the shard its id hashes to:
+        another program may have written the task on another), in shard order."""
+        cores = self.shards.cores
+        if len(cores) == 1:
+            return [(cores[0], held)] if held else []
+        by: dict[int, list[Claimed]] = {}
+        for c in held:
+            by.setdefault(c.shard, []).append(c)
+        return [(cores[i], by[i]) for i in sorted(by)]
 
     async def run(self) -> None:
         while True:

@@ -177,7 +177,7 @@ class RunLane(Protocol):
     executor: Executor
     finisher: Finisher
     by_id: dict[str, Run]  # the current run of each task held
-    leases: dict[str, Claimed]  # id -> its claim (its token): what the heartbeat extends
+    leases: dict[str, Claimed]  # id -> its claim (token, shard): what the heartbeat extends
     caps: dict[str, int]  # kind -> its cap, for the kinds with one
     of_kind: dict[str, set[Run]]  # capped kind -> its runs counted (lifecycle.COUNTED)
 

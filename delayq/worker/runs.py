@@ -447,7 +447,7 @@ class Runs:
             if run.state == RUNNING:
                 reason = f"internal error in the worker: {e!r}"
                 due = f"+{INTERNAL_RETRY_MS}"
-                retry = Outcome("retry", claimed.id, claimed.token, due, reason)
+                retry = Outcome("retry", claimed.id, claimed.token, due, reason, claimed.shard)
                 self._hand(run, retry)
         else:
             if run.state == RUNNING:  # (lost meanwhile: nothing is written)
@@ -460,7 +460,7 @@ class Runs:
 
     @staticmethod
     def _release(claimed: Claimed) -> Outcome:
-        return Outcome("release", claimed.id, claimed.token)
+        return Outcome("release", claimed.id, claimed.token, "", "", claimed.shard)
 
     def _hand(self, run: Run, outcome: Outcome) -> None:
         """Hand the run's outcome to its lane's Finisher (the run's state says whether it
