@@ -27,6 +27,8 @@ from delayq.worker.options import MAX_CONCURRENCY
 
 log = logging.getLogger("delayq.cli")
 
+RECYCLE_ENV = "DELAYQ_RECYCLE_STUCK"
+
 
 def load_app(spec: str) -> Any:
     """Import ``module:attribute`` (the current directory is importable, as with uvicorn)."""
@@ -103,10 +105,16 @@ SIGTERM/SIGINT are forwarded to all of them, which finish their running tasks wi
 the worker's grace; children that keep failing at start make it exit 1. With
 --metrics-port the supervisor serves all of their metrics on that one port.
 
+--recycle-stuck SECONDS runs the worker processes under a supervisor (even one) and
+recycles a process one of whose sync handlers has run SECONDS past its attempt (its
+timeout passed, its lease was lost, or it was aborted: a thread cannot be stopped):
+the process stops gracefully and a new one is started at once.
+
 \b
 Environment:
   {URL_ENV[0]}, {URL_ENV[1]}  Redis URL of APP's queues
   {BINARY_ENV}  server binary for --embedded
+  {RECYCLE_ENV}  --recycle-stuck
 """
 
 
@@ -169,6 +177,14 @@ Environment:
     metavar="N|auto",
     help="Worker processes under one supervisor (auto: one per core this process may use).",
 )
+@click.option(
+    "--recycle-stuck",
+    metavar="DURATION",
+    default=None,
+    envvar=RECYCLE_ENV,
+    help="Replace a worker process whose sync handler has run this long past its timeout "
+    "(or lost lease, or abort), e.g. 60s; implies a supervisor, even of one process.",
+)
 def worker(
     app: str,
     url: str | None,
@@ -180,6 +196,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     processes: str,
+    recycle_stuck: str | None,
 ) -> None:
     from delayq.processes import child
     from delayq.processes.supervisor import process_count
@@ -188,6 +205,11 @@ def worker(
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
+    recycle_s = duration(recycle_stuck, "--recycle-stuck")
+    if recycle_s is not None and recycle_s <= 0:
+        raise click.BadParameter(
+            f"must be a duration above 0, got {recycle_stuck!r}", param_hint="--recycle-stuck"
+        )
     try:
         n = process_count(processes)
     except ConfigurationError as e:
@@ -197,23 +219,26 @@ def worker(
         if embedded:
             url = _embedded(stack)
         obj = _load_worker(app, url, concurrency, lease_s)
-        if n > 1:
+        supervised = child.supervised()
+        if n > 1 or (recycle_s is not None and not supervised):
             options = [f"--log-level={log_level}", f"--log-format={log_format}"]
             options += [f"--url={url}"] if url is not None else []
             options += [f"--concurrency={concurrency}"] if concurrency is not None else []
             options += [f"--lease={lease}"] if lease is not None else []
+            options += [f"--recycle-stuck={recycle_s}"] if recycle_s is not None else []
             code = _supervise(obj, app, n, options, metrics_port, metrics_host, stack)
             if code:
                 raise click.ClickException("worker processes keep failing at start")
             return
-        if child.supervised():
-            child.prepare(obj)
+        recycle = child.prepare(obj, recycle_s) if supervised else None
         if metrics_port is not None:
             stack.callback(_serve_metrics(obj, metrics_port, metrics_host))
         try:
             obj.run()
         except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
             raise click.ClickException(str(e)) from None
+    if recycle is not None and recycle.recycled:
+        sys.exit(child.RECYCLE_EXIT)
 
 
 def _load_worker(app: str, url: str | None, concurrency: int | None, lease_s: Any) -> Any:
