@@ -40,9 +40,10 @@ from common import (
 )
 
 from delayq import AsyncQueue, Queue, TaskSpec
+from delayq.base import SCHEDULE_BATCH
 from delayq.connection import pack_command
-from delayq.core import Op, ScheduleOptions, new_task_id
-from delayq.queue import SCHEDULE_BATCH
+from delayq.core import Op
+from delayq.spec import ScheduleOptions, new_task_id
 
 NAME = "schedule"
 TITLE = "schedule_many throughput and schedule() vs a bare ZADD"

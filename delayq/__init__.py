@@ -1,7 +1,6 @@
 """delayq: reliable delayed tasks on Redis and Valkey — on time, once, surviving crashes."""
 
 from delayq.controls import Controls, RateLimit
-from delayq.core import CheckedSpec, TaskSpec
 from delayq.errors import (
     ConfigurationError,
     ConnectionFailed,
@@ -20,6 +19,7 @@ from delayq.errors import (
 )
 from delayq.expiring.facade import Expired
 from delayq.queue import AsyncQueue, Queue
+from delayq.spec import CheckedSpec, TaskSpec
 from delayq.task import QueueStats, Scheduled, Task, TaskInfo
 from delayq.worker.events import TaskEvent
 from delayq.worker.worker import Worker

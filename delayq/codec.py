@@ -337,6 +337,16 @@ def record_prefix(kind: str, *, max_attempts: int, fmt: str) -> bytes:
     return json.dumps(header, separators=(",", ":")).encode()[:-1] + b',"c":'
 
 
+def header_end(created: bytes, headers: bytes = b"") -> bytes:
+    """The rest of a record's header line after its :func:`record_prefix` (the kind's
+    fields, up to ``"c":``): the created time (ms, as ASCII digits), the headers' field
+    (:func:`encode_headers`, b"" for none), the header's end and its newline. With these
+    two, the record format is written here alone: a record is ``record_prefix(...) +
+    header_end(...) + payload`` (the encoded payload; a script given the header line alone
+    appends the payload itself)."""
+    return created + headers + b"}\n"
+
+
 def encode_record(
     kind: str,
     payload: bytes,
@@ -346,8 +356,9 @@ def encode_record(
     fmt: str,
     headers: dict[str, str] | None = None,
 ) -> bytes:
+    """A whole record from its parts (tests, and what seeds state)."""
     prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt)
-    return prefix + str(created_ms).encode() + encode_headers(headers) + b"}\n" + payload
+    return prefix + header_end(str(created_ms).encode(), encode_headers(headers)) + payload
 
 
 def split_record(record: bytes) -> tuple[Record, bytes]:

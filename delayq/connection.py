@@ -113,9 +113,9 @@ def async_client(url: str, *, retries: int = 0, **overrides: Any) -> aredis.Redi
 
 def hiredis_packing(cls: type[Any]) -> type[Any]:
     """The connection class, packing commands with hiredis (C) when it can. redis-py's
-    asyncio connections pack in Python (its sync ones use hiredis already): ``bench/run
-    costs`` measured an ack's packing at 1.09 us a task that way, 0.38 with hiredis, and the
-    bytes are the same."""
+    asyncio connections pack in Python (its sync ones use hiredis already), at about three
+    times the cost per task of an ack, for the same bytes (docs/benchmarks.md, "Figures behind
+    the worker's constants")."""
     if _hiredis_pack is None or getattr(cls, "_delayq_hiredis", False):
         return cls
     return type(cls.__name__, (cls,), {"pack_command": _pack_command, "_delayq_hiredis": True})

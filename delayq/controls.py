@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq import check
-from delayq.core import Op, QueueCore, as_str
+from delayq.core import Op, QueueCore
 from delayq.errors import ConfigurationError
+from delayq.info import as_str
 from delayq.scripts import SCRIPTS, Arg
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*$")

@@ -1,53 +1,49 @@
-"""The pure core of a queue: validation, and one builder per operation. No I/O.
+"""The pure core of a queue: one builder per operation. No I/O.
 
 Every public operation is one script call. A builder validates its input and returns an
 :class:`Op` — script, keys, arguments and a reply parser — that the sync and asyncio
-runners execute, so the logic exists once for both clients.
+runners execute, so the logic exists once for both clients. What is scheduled, and its
+checks, is ``spec.py``'s; reading what the scripts reply about tasks, ``info.py``'s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
-import json
-import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from delayq import check
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
-    Attempt,
     Codec,
-    RecordError,
-    decode_payload,
     encode_headers,
     encode_payload,
     get_codec,
+    header_end,
     record_prefix,
-    split_record,
 )
 from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
-from delayq.task import STATES, QueueStats, Scheduled, State, TaskInfo, WorkerInfo
-from delayq.text import check as check_text
+from delayq.spec import (
+    CheckedSpec,
+    TaskSpec,
+    task_ids,
+    validate_kind,
+    validate_max_attempts,
+    validate_task_id,
+)
+from delayq.task import QueueStats, Scheduled, TaskInfo, WorkerInfo
 from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds
 
 T = TypeVar("T")
 
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
-MAX_ID_LEN = 256
-MAX_KIND_LEN = 200
-# Attempts are counted in Lua numbers (doubles) and shown to people: a limit beyond this is
-# a mistake, not a policy (at one attempt a second it is 11 days of retries).
-MAX_ATTEMPTS = 1_000_000
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 # dead() has always taken long pages (a test harness reads 10,000 ids at once); the views'
 # pages and seek() take at most MAX_SEEK.
@@ -149,235 +145,6 @@ def _write_check(reply: Any) -> ShardCheck:  # (one function each: ops compare e
     return _shard_check(reply, True)
 
 
-class ScheduleOptions(TypedDict, total=False):
-    """Keyword options of ``schedule`` (keyword-only, so they never clash with payloads)."""
-
-    delay: Duration | None
-    at: datetime | float | int | None
-    task_id: str | None
-    replace: bool
-    max_attempts: int
-    durable: bool
-    headers: dict[str, str] | None
-
-
-@dataclass(frozen=True, init=False)
-class TaskSpec:
-    """One task for ``schedule_many`` (and what ``before_schedule`` hooks are given).
-
-    ``headers``: context that travels with the task, as ``task.headers`` in its handler
-    and ``TaskInfo.headers``: a dict of str to str (trace context, a tenant), at most 4 KiB
-    as JSON; None or ``{}`` for none.
-    """
-
-    kind: str
-    payload: Any = None
-    delay: Duration | None = None
-    at: datetime | float | int | None = None
-    task_id: str | None = None
-    max_attempts: int = 0
-    headers: dict[str, str] | None = None
-
-    def __init__(
-        self,
-        kind: str,
-        payload: Any = None,
-        delay: Duration | None = None,
-        at: datetime | float | int | None = None,
-        task_id: str | None = None,
-        max_attempts: int = 0,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        # The fields go straight into the instance's dict: the __init__ a frozen dataclass
-        # is given calls object.__setattr__ once per field, which made a TaskSpec cost more
-        # than checking it (one per task scheduled, two for a task given no id).
-        fields = self.__dict__
-        fields["kind"], fields["payload"], fields["delay"], fields["at"] = kind, payload, delay, at
-        fields["task_id"], fields["max_attempts"], fields["headers"] = (
-            task_id,
-            max_attempts,
-            headers,
-        )
-
-
-class CheckedSpec(TaskSpec):
-    """A :class:`TaskSpec` checked as it is made: its kind, id (when given), delay or
-    ``at``, max_attempts and headers pass the checks ``schedule_many`` makes, or
-    InvalidTaskError is raised. ``schedule_many`` does not check them again (its payload is
-    checked when it is encoded: that needs the queue's codec and limit). The HTTP API makes
-    one per task it is sent; anything that checks tasks before it hands them on may too.
-
-    It is still a TaskSpec (``dataclasses.replace`` of one checks the result again); a
-    ``before_schedule`` hook is given a plain TaskSpec, and what it returns is checked.
-    ``due`` and ``header_field`` are the script's due argument and the record's headers
-    field, made by the check. It keeps a copy of the headers dict it is given, so later
-    changes to the caller's dict do not reach it (nor, unwritten, the record)."""
-
-    due: str
-    header_field: bytes
-
-    def __init__(
-        self,
-        kind: str,
-        payload: Any = None,
-        delay: Duration | None = None,
-        at: datetime | float | int | None = None,
-        task_id: str | None = None,
-        max_attempts: int = 0,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        if type(headers) is dict:  # its own copy: what is written is what it holds
-            headers = dict(headers)
-        super().__init__(kind, payload, delay, at, task_id, max_attempts, headers)
-        # The order of encode_tasks' checks, so a task wrong twice is refused for the same
-        # reason either way.
-        if task_id is not None:
-            validate_task_id(task_id)
-        validate_kind(kind)
-        validate_max_attempts(max_attempts)
-        self.__dict__["header_field"] = encode_headers(headers)
-        self.__dict__["due"] = due_spec(delay, at)
-
-    @classmethod
-    def many(cls, tasks: Iterable[Sequence[Any]]) -> list[CheckedSpec]:
-        """A CheckedSpec of each (kind, payload, delay, at, task_id, max_attempts, headers),
-        with a new id for a task_id of None: the checks of one CheckedSpec, each kind, delay
-        and ``at`` checked once per call (a batch repeats them; by value and type, so 1 and
-        True are told apart). InvalidTaskError at the first task refused."""
-        rows = list(tasks)
-        fresh = iter(new_task_ids(sum(1 for row in rows if row[4] is None)))
-        checked: dict[tuple[Any, ...], str] = {}  # kind, max_attempts, delay, at -> due
-        out = []
-        for kind, payload, delay, at, task_id, max_attempts, headers in rows:
-            if task_id is None:
-                task_id = next(fresh)  # made here: nothing to check
-            else:
-                validate_task_id(task_id)
-            key: tuple[Any, ...] | None = (
-                kind,
-                type(max_attempts),
-                max_attempts,
-                type(delay),
-                delay,
-                type(at),
-                at,
-            )
-            try:
-                due = checked.get(key)  # type: ignore[arg-type]
-            except TypeError:  # an unhashable value: refused below
-                due, key = None, None
-            if due is None:  # (in CheckedSpec's order, so a task is refused for one reason)
-                validate_kind(kind)
-                validate_max_attempts(max_attempts)
-                head = encode_headers(headers)
-                due = due_spec(delay, at)
-                if key is not None:
-                    checked[key] = due
-            else:
-                head = b"" if headers is None else encode_headers(headers)
-            if type(headers) is dict:
-                headers = dict(headers)
-            spec = cls.__new__(cls)
-            TaskSpec.__init__(spec, kind, payload, delay, at, task_id, max_attempts, headers)
-            spec.__dict__["header_field"], spec.__dict__["due"] = head, due
-            out.append(spec)
-        return out
-
-
-def new_task_ids(n: int) -> list[str]:
-    """Ids of 96 random bits in 16 URL-safe characters: short, since every byte is kept per
-    task. One read of the random source for the whole batch."""
-    if n == 1:
-        return [new_task_id()]
-    raw = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
-    # Never a leading "-": a command line (delayq task show ID) would read it as an option.
-    return [
-        ("_" + raw[i + 1 : i + 16]) if raw[i] == "-" else raw[i : i + 16]
-        for i in range(0, 16 * n, 16)
-    ]
-
-
-def new_task_id() -> str:
-    """One id as :func:`new_task_ids` makes them (a single schedule's): base64's URL-safe
-    alphabet by one C call and a translate (``urlsafe_b64encode`` is two Python calls)."""
-    raw = binascii.b2a_base64(os.urandom(12), newline=False).translate(_URLSAFE).decode()
-    return "_" + raw[1:] if raw[0] == "-" else raw
-
-
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def task_ids(specs: Sequence[TaskSpec]) -> list[str]:
-    """Each task's id: its own, checked (a :class:`CheckedSpec`'s was checked when it was
-    made), or a new one (made here: nothing to check). InvalidTaskError for a bad id, or an
-    id given twice."""
-    if len(specs) == 1:  # a single schedule
-        (spec,) = specs
-        if spec.task_id is None:
-            return new_task_ids(1)
-        return [spec.task_id if type(spec) is CheckedSpec else validate_task_id(spec.task_id)]
-    fresh = iter(new_task_ids(sum(1 for s in specs if s.task_id is None)))
-    ids = [
-        next(fresh)
-        if s.task_id is None
-        else s.task_id
-        if type(s) is CheckedSpec
-        else validate_task_id(s.task_id)
-        for s in specs
-    ]
-    if len(set(ids)) != len(ids):
-        raise InvalidTaskError("the same task_id appears twice in one schedule_many call")
-    return ids
-
-
-# Control characters (below U+0020), refused in ids and kinds. A regex finds them in C: a
-# generator over the characters was half the cost of schedule_many's validation.
-_CONTROL = re.compile("[\x00-\x1f]")
-
-
-def validate_task_id(task_id: Any) -> str:
-    if (
-        type(task_id) is str
-        and 0 < len(task_id) <= MAX_ID_LEN
-        and task_id.isascii()
-        and not _CONTROL.search(task_id)
-    ):
-        return task_id  # the common case, once per task: the checks below, passed at once
-    if not isinstance(task_id, str) or not task_id:
-        raise InvalidTaskError(f"task_id must be a non-empty string, got {task_id!r}")
-    if len(task_id) > MAX_ID_LEN:
-        raise InvalidTaskError(
-            f"task_id is {len(task_id)} characters, over the limit of {MAX_ID_LEN}; "
-            "use a shorter business key such as 'order:42'"
-        )
-    if _CONTROL.search(task_id):
-        raise InvalidTaskError(f"task_id {task_id!r} contains control characters")
-    return check_text(task_id, "task_id")
-
-
-def validate_kind(kind: Any) -> str:
-    if (
-        type(kind) is str
-        and 0 < len(kind) <= MAX_KIND_LEN
-        and kind.isascii()
-        and not _CONTROL.search(kind)
-    ):
-        return kind  # the common case (as validate_task_id's)
-    if not isinstance(kind, str) or not kind or len(kind) > MAX_KIND_LEN:
-        raise InvalidTaskError(
-            f"kind must be a non-empty string of at most {MAX_KIND_LEN} characters, got {kind!r}"
-        )
-    if _CONTROL.search(kind):
-        raise InvalidTaskError(f"kind {kind!r} contains control characters")
-    return check_text(kind, "kind")
-
-
-def validate_max_attempts(value: Any) -> int:
-    """0 (the handler's limit) or 1 .. MAX_ATTEMPTS."""
-    hint = " (0: the handler's limit)"
-    return check.whole(value, "max_attempts", 0, MAX_ATTEMPTS, error=InvalidTaskError, hint=hint)
-
-
 def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
     """A page by offset: offset >= 0 and 1 <= limit <= ``most``, so a script's run time and
     its reply stay bounded (page deeper with a cursor: Queue.page)."""
@@ -392,16 +159,6 @@ def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
                 f"a page needs offset >= 0 and 1 <= limit <= {most}, got {name}={value!r}; "
                 "walk a longer list with Queue.page(state, after=cursor)"
             )
-
-
-def as_str(value: Any) -> str:
-    """A reply's value as text (replies come as bytes; tests may pass str)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def as_bytes(value: Any) -> bytes:
-    """A reply's value as bytes."""
-    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _ms_or_none(value: Any) -> datetime | None:
@@ -507,8 +264,11 @@ class QueueCore:
         :class:`CheckedSpec` is not checked again: only its payload, by encoding it."""
         if ids is None:
             ids = task_ids(specs)
-        created_ms = str(self.wall_ms()).encode()
-        created = created_ms + b"}\n"
+        created = str(self.wall_ms()).encode()
+        # A record is its kind's prefix, the rest of its header line and its payload: the
+        # format is codec.py's (record_prefix, header_end). The end of a task's without
+        # headers is made once per call, for the first such task.
+        end = b""
         encode, limit, prefixes = self.codec.encode, self.max_payload, self._prefixes
         rest: list[Arg] = []
         for spec, tid in zip(specs, ids, strict=True):
@@ -524,11 +284,11 @@ class QueueCore:
             else:
                 head = b"" if spec.headers is None else encode_headers(spec.headers)
                 due = due_spec(spec.delay, spec.at)
-            # No headers: the record is as it always was (else they are the header's last
-            # field, after "c": codec.py).
-            record = prefix + created_ms + head + b"}\n" + data if head else prefix + created + data
-            rest += (tid, due, record)
-        return list(ids), rest
+            if head:
+                rest += (tid, due, prefix + header_end(created, head) + data)
+            else:
+                rest += (tid, due, prefix + (end or (end := header_end(created))) + data)
+        return ids if type(ids) is list else list(ids), rest  # (a caller's list is its own)
 
     def schedule(
         self,
@@ -577,8 +337,9 @@ class QueueCore:
         """One task whose id ``task_id`` was just made (:func:`new_task_id`), checked and
         encoded by :meth:`encode_tasks`: ``schedule_new.lua``, what ``schedule.lua`` does
         for a task new to the queue. Parses to its :class:`Scheduled`."""
-        _, (_, due, record) = self.encode_tasks((spec,), (task_id,))
-        now = self.now_arg(now_ms)
+        _, (_, due, record) = self.encode_tasks((spec,), [task_id])
+        # (now_arg's common case inline: the server's clock)
+        now = "" if now_ms is None and self.clock is None else self.now_arg(now_ms)
         keys = self._new_keys
         if keys is None:
             keys = self._new_keys = self.keys.names(_NEW.key_names)
@@ -645,50 +406,9 @@ class QueueCore:
     def task_info(
         self, task_id: str, state: str, score: float, record: bytes, err: Any, attempt: Any
     ) -> TaskInfo:
-        """Build a TaskInfo from what the scripts return (record, last error, attempt state);
-        an undecodable record still shows."""
-        last_error = as_str(err) if err else None
-        when = ms_to_datetime(score)
-        try:
-            header, data = split_record(record)
-        except RecordError as e:
-            # Still show what the sets know: when it died, is due, or its lease ends.
-            return TaskInfo(
-                id=task_id,
-                kind="?",
-                payload=None,
-                state=_state(state),
-                due_at=when if state == "scheduled" else None,
-                attempts=0,
-                max_attempts=0,
-                last_error=last_error or str(e),
-                created_at=None,
-                lease_deadline=when if state == "active" else None,
-                finished_at=when if state in ("done", "dead", "aborted") else None,
-                queue=self.name,
-            )
-        run = Attempt.parse(as_bytes(attempt) if attempt else None)
-        try:
-            payload = decode_payload(header, data, self.codecs)
-        except RecordError as e:
-            payload, last_error = None, last_error or str(e)
-        return TaskInfo(
-            id=task_id,
-            kind=header.kind,
-            payload=payload,
-            state=_state(state),
-            due_at=when
-            if state == "scheduled"
-            else (ms_to_datetime(run.due_ms) if run.due_ms is not None else None),
-            attempts=run.attempt,
-            max_attempts=header.max_attempts,
-            last_error=last_error,
-            created_at=ms_to_datetime(header.created_ms) if header.created_ms else None,
-            lease_deadline=when if state == "active" else None,
-            finished_at=when if state in ("done", "dead", "aborted") else None,
-            queue=self.name,
-            headers=header.headers,
-        )
+        """What the scripts return about a task (record, last error, attempt state) as a
+        TaskInfo of this queue (``info.task_info``): an undecodable record still shows."""
+        return task_info(self.name, self.codecs, task_id, state, score, record, err, attempt)
 
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
         def parse(r: Any) -> QueueStats:
@@ -825,31 +545,3 @@ class QueueCore:
             [],
             int,
         )
-
-
-def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str) -> WorkerInfo:
-    """A registration as stored by the worker (JSON), tolerant of missing fields."""
-    try:
-        data = json.loads(info) if info else {}
-    except ValueError:
-        data = {}
-    beat = float(data.get("beat", 10.0))
-    started = data.get("started")
-    return WorkerInfo(
-        id=tid,
-        queue=queue,
-        host=str(data.get("host", "?")),
-        pid=int(data.get("pid", 0)),
-        concurrency=int(data.get("concurrency", 0)),
-        in_flight=int(data.get("in_flight", 0)),
-        kinds=[str(k) for k in data.get("kinds", [])],
-        started_at=ms_to_datetime(float(started) * 1000) if started else None,
-        last_seen=ms_to_datetime(seen_ms),
-        alive=now_ms - seen_ms <= 3 * beat * 1000,
-    )
-
-
-def _state(state: str) -> State:
-    if state not in STATES:
-        raise ValueError(f"unknown task state {state!r}")
-    return state

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from delayq.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from delayq.core import TaskSpec
+    from delayq.spec import TaskSpec
     from delayq.task import Task
 
 BeforeSchedule = Callable[["TaskSpec"], "TaskSpec | None"]

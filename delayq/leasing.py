@@ -56,6 +56,22 @@ class Claimed:
         return self.header.token
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A claimed row that cannot become a task: its id, kind or payload format is not UTF-8
+    (another program wrote it; delayq writes only UTF-8). The worker holds its lease, and
+    buries it by its raw ``id`` with ``reason`` (worker/unreadable.py). ``claimed`` is the
+    row as text, undecodable bytes shown as ``\\xNN``, for logs, events and on_dead hooks."""
+
+    id: bytes
+    reason: str
+    claimed: Claimed
+
+    @property
+    def token(self) -> int:
+        return self.claimed.token
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     now_ms: int
@@ -65,11 +81,55 @@ class ClaimResult:
     now_us: int  # the same instant as now_ms, to the microsecond (the worker's clock)
     # Due tasks were left for want of the rate limit's tokens: when the next one is (ms).
     next_token_ms: int | None = None
+    # Claimed rows that cannot become tasks, to bury (see Unreadable); not in ``tasks``.
+    unreadable: tuple[Unreadable, ...] = ()
 
 
 def _opt(v: Any) -> int | None:
     n = int(float(v))
     return None if n < 0 else n
+
+
+def _text(b: bytes) -> str:
+    """Bytes another program may have written, as text to show: undecodable bytes as \\xNN."""
+    return b.decode("utf-8", "backslashreplace")
+
+
+# The fields of a claim row that the parse decodes as text, with the names a reason gives
+# them; the headers and the payload are decoded by the executor (RecordError names them).
+_TEXT_FIELDS = (
+    ("task id", 0),
+    ("kind (header field k)", 1),
+    ("payload format (header field f)", 7),
+)
+
+
+def _read_rows(r: Any, shard: int) -> tuple[list[Claimed], tuple[Unreadable, ...]]:
+    """claim's rows one by one, when some field is not UTF-8: the tasks, and the rows that
+    cannot be tasks (the first bad field named in the reason)."""
+    tasks: list[Claimed] = []
+    unreadable: list[Unreadable] = []
+    for row in _CLAIM.rows(r):
+        id, kind, attempt, max_attempts, token, due, created, format, headers, payload = row
+        due = due if type(due) is int else float(due)
+        bad = None
+        for name, i in _TEXT_FIELDS:
+            try:
+                row[i].decode()
+            except UnicodeDecodeError as e:
+                bad = (
+                    f"record cannot be read: its {name} is not valid UTF-8 ({e.reason} at "
+                    f"byte {e.start}: {row[i][:200]!r}); delayq writes only UTF-8, so "
+                    "another program wrote it"
+                )
+                break
+        fmt = _text(format) or "json"
+        header = Header(_text(kind), attempt, max_attempts, token, created, due, fmt, headers)
+        if bad is None:
+            tasks.append(Claimed(id.decode(), header, payload, shard))
+        else:
+            unreadable.append(Unreadable(id, bad, Claimed(_text(id), header, payload, shard)))
+    return tasks, tuple(unreadable)
 
 
 # The other calls answer with the ids refused: one id per row; extend with the ids lost.
@@ -80,7 +140,8 @@ _EXTEND.require_row("id", "aborted")
 
 
 def _ids(reply: Any) -> list[str]:
-    return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+    # An id we sent (valid UTF-8), or the raw id of an Unreadable row we buried.
+    return [_text(r) if isinstance(r, bytes) else str(r) for r in reply]
 
 
 class Lost(list[str]):
@@ -93,7 +154,7 @@ class Lost(list[str]):
 def _lost(reply: Any) -> Lost:
     lost, aborted = Lost(), []
     for tid, was_aborted in _EXTEND.rows(reply):
-        lost.append(tid.decode() if isinstance(tid, bytes) else str(tid))
+        lost.append(_text(tid) if isinstance(tid, bytes) else str(tid))
         if int(was_aborted):
             aborted.append(lost[-1])
     if aborted:
@@ -121,27 +182,34 @@ def claim(
 
     def parse(r: Any) -> ClaimResult:
         # claim.lua buried the records it could not read and sends the rest's header fields
-        # decoded (see its header): nothing to validate here, and no JSON to parse.
-        tasks = [
-            Claimed(
-                id.decode(),
-                Header(
-                    kind.decode(),
-                    attempt,
-                    max_attempts,
-                    token,
-                    created,
-                    due if type(due) is int else float(due),
-                    format.decode() or "json",
-                    headers,  # b"" for none; decoded by the executor (build_task)
-                ),
-                payload,
-                shard,
-            )
-            for id, kind, attempt, max_attempts, token, due, created, format, headers, payload in (
-                _CLAIM.rows(r)
-            )
-        ]
+        # decoded (see its header): no JSON to parse. It does not look at their bytes (a
+        # pattern over every id costs the script a quarter of a microsecond a task): a field
+        # that is not UTF-8 fails its decode here, and only then are the rows read one by
+        # one (_read_rows). A try costs nothing until it catches.
+        unreadable: tuple[Unreadable, ...] = ()
+        try:
+            tasks = [
+                Claimed(
+                    id.decode(),
+                    Header(
+                        kind.decode(),
+                        attempt,
+                        most,
+                        token,
+                        created,
+                        due if type(due) is int else float(due),
+                        fmt.decode() or "json",
+                        headers,  # b"" for none; decoded by the executor (build_task)
+                    ),
+                    payload,
+                    shard,
+                )
+                for id, kind, attempt, most, token, due, created, fmt, headers, payload in (
+                    _CLAIM.rows(r)
+                )
+            ]
+        except UnicodeDecodeError:  # another program's record: bury its row, keep the rest
+            tasks, unreadable = _read_rows(r, shard)
         now_us = int(r[_NOW])
         return ClaimResult(
             now_us // 1000,
@@ -150,6 +218,7 @@ def claim(
             tasks,
             now_us,
             _opt(r[_NEXT_TOKEN]),
+            unreadable,
         )
 
     return core.op(
@@ -207,9 +276,10 @@ def retry(
 
 
 def bury(
-    core: QueueCore, items: Sequence[tuple[str, int, str]], *, now_ms: int | None = None
+    core: QueueCore, items: Sequence[tuple[str | bytes, int, str]], *, now_ms: int | None = None
 ) -> Op[list[str]]:
-    """items: (id, token, reason); the reason is escaped (text.escape)."""
+    """items: (id, token, reason); the reason is escaped (text.escape). An id may be the raw
+    bytes of an :class:`Unreadable` row; the ids refused come back as text (``\\xNN``)."""
     rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
     return core.op("bury", {"now": core.now_arg(now_ms)}, rest, _ids)
 

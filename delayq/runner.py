@@ -160,10 +160,14 @@ class Call(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class Trip:
     """One round trip of EVALSHAs (+ WAITAOF/WAIT when ``durable``): the raw replies, errors
-    in place, then (when durable) a list of each connection's WAITAOF/WAIT replies."""
+    in place, then (when durable) a list of each connection's WAITAOF/WAIT replies. ``first``:
+    a plain command sent before the calls (in the same round trip on one server; before
+    their round trips on a cluster, where its key may live on another node), its raw reply
+    before theirs."""
 
     ops: Sequence[Op[Any]]
     durable: Durable | None = None
+    first: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,8 +218,10 @@ def call(op: Op[T]) -> Plan[T]:
     return reply
 
 
-def trip(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[list[Any]]:
-    replies: list[Any] = yield Trip(ops, durable)
+def trip(
+    ops: Sequence[Op[Any]], durable: Durable | None = None, first: tuple[Any, ...] | None = None
+) -> Plan[list[Any]]:
+    replies: list[Any] = yield Trip(ops, durable, first)
     return replies
 
 
@@ -281,8 +287,28 @@ def batch_plan(ops: Sequence[Op[Any]], durable: Durable | None = None) -> Plan[l
     return [op.parse(r) for op, r in zip(ops, replies[:n], strict=True)]
 
 
-def _pipeline(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> Any:
+def after_plan(command: tuple[Any, ...], op: Op[T]) -> Plan[tuple[Any, T]]:
+    """A plain command's raw reply, then ``op``'s, the command run first (see Trip's
+    ``first``). A call that met NOSCRIPT is sent again with the command, so the command
+    still comes first."""
+    for _ in range(2):
+        first, reply = yield from trip([op], first=command)
+        if isinstance(reply, NoScriptError):
+            yield from load([op])
+            continue
+        for r in (first, reply):
+            if isinstance(r, Exception):
+                raise r
+        return first, op.parse(reply)
+    raise ScriptError(f"the server forgot script {op.script.name!r} twice in a row")
+
+
+def _pipeline(
+    client: Any, ops: Sequence[Op[Any]], durable: Durable | None, first: tuple[Any, ...] | None
+) -> Any:
     pipe = client.pipeline(transaction=False)
+    if first is not None:
+        pipe.execute_command(*first)
     for op in ops:
         pipe.evalsha(*_argv(op))
     for waits in durable.commands() if durable is not None else []:
@@ -290,10 +316,11 @@ def _pipeline(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> A
     return pipe
 
 
-def _with_waits(replies: list[Any], n: int, durable: Durable | None) -> list[Any]:
+def _trip_replies(replies: list[Any], step: Trip) -> list[Any]:
     """A plain round trip's replies in the Trip step's form: the waits as one connection's."""
-    if durable is None:
+    if step.durable is None:
         return replies
+    n = len(step.ops) + (step.first is not None)
     return [*replies[:n], [replies[n:]]]
 
 
@@ -321,13 +348,18 @@ def _by_primary(client: Any, ops: Sequence[Op[Any]], todo: list[int]) -> dict[An
 
 
 def cluster_trip_plan(
-    client: Any, ops: Sequence[Op[Any]], durable: Durable | None
+    client: Any,
+    ops: Sequence[Op[Any]],
+    durable: Durable | None,
+    first: tuple[Any, ...] | None = None,
 ) -> Plan[list[Any]]:
     """A Trip on a Redis Cluster (whose pipelines refuse EVALSHA): each primary gets its
     calls, and WAITAOF when durable, on one connection of its own — WAITAOF counts the
     writes of its own connection. Calls a node did not run (moved, failing over) are sent
     again once the slot map is fresh (Refresh). Replies in the Trip step's form, the waits
-    one list per connection. ``client``: for ``get_node_from_key``."""
+    one list per connection. ``client``: for ``get_node_from_key``. ``first``: a plain
+    command sent before them, on the client's own routing."""
+    head = [(yield from command(*first))] if first is not None else []
     replies: list[Any] = [_UNSENT] * len(ops)
     waits: list[Any] = []
     for attempt in range(CLUSTER_TRIP_ATTEMPTS):
@@ -348,16 +380,8 @@ def cluster_trip_plan(
             for j, i in enumerate(idx):
                 replies[i] = got[j]
             waits.append(got[len(idx) :])
-    done = [_unsent_error(r) for r in replies]
+    done = [*head, *(_unsent_error(r) for r in replies)]
     return done if durable is None else [*done, waits]
-
-
-def cluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
-    return SyncRunner(client).drive(cluster_trip_plan(client, ops, durable))
-
-
-async def acluster_trip(client: Any, ops: Sequence[Op[Any]], durable: Durable | None) -> list[Any]:
-    return await AsyncRunner(client).drive(cluster_trip_plan(client, ops, durable))
 
 
 def _on_node(node: Any, commands: list[tuple[Any, ...]]) -> Any:
@@ -439,6 +463,10 @@ class SyncRunner:
     def run_many(self, ops: Sequence[Op[Any]], *, durable: Durable | None = None) -> list[Any]:
         return self.drive(batch_plan(ops, durable))
 
+    def run_after(self, command: tuple[Any, ...], op: Op[T]) -> tuple[Any, T]:
+        """As :meth:`AsyncRunner.run_after`."""
+        return self.drive(after_plan(command, op))
+
     def drive(self, plan: Plan[T]) -> T:
         step = advance(plan, self.client)
         while not isinstance(step, StopIteration):
@@ -456,9 +484,10 @@ class SyncRunner:
             return self.run(step.op)
         if isinstance(step, Trip):
             if is_cluster(self.client):
-                return self.drive(cluster_trip_plan(self.client, step.ops, step.durable))
-            replies = list(_pipeline(self.client, step.ops, step.durable).execute(False))
-            return _with_waits(replies, len(step.ops), step.durable)
+                plan = cluster_trip_plan(self.client, step.ops, step.durable, step.first)
+                return self.drive(plan)
+            pipe = _pipeline(self.client, step.ops, step.durable, step.first)
+            return _trip_replies(list(pipe.execute(False)), step)
         if isinstance(step, Command):
             return self.client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Load):
@@ -506,27 +535,8 @@ class AsyncRunner:
 
     async def run_after(self, command: tuple[Any, ...], op: Op[T]) -> tuple[Any, T]:
         """A plain command's reply, then ``op``'s, the command run first: in one round trip
-        on one server (a pipeline keeps their order), one after the other on a cluster
-        (where the two keys may live on different nodes)."""
-        try:
-            if is_cluster(self.client):
-                first = await self.client.execute_command(*command)  # type: ignore[no-untyped-call]
-                return first, await self.run(op)
-            for _ in range(2):
-                pipe = self.client.pipeline(transaction=False)
-                pipe.execute_command(*command)
-                pipe.evalsha(*_argv(op))
-                first, reply = await pipe.execute(raise_on_error=False)
-                if isinstance(reply, NoScriptError):
-                    await self.client.script_load(op.script.source)
-                    continue  # the command is run again too, so it still comes first
-                for r in (first, reply):
-                    if isinstance(r, Exception):
-                        raise r
-                return first, op.parse(reply)
-            raise ScriptError(f"the server forgot script {op.script.name!r} twice in a row")
-        except _REDIS_ERRORS as e:
-            raise translate(e, self.client) from None
+        on one server, one after the other on a cluster (``after_plan``)."""
+        return await self.drive(after_plan(command, op))
 
     async def drive(self, plan: Plan[T]) -> T:
         step = advance(plan, self.client)
@@ -545,9 +555,10 @@ class AsyncRunner:
             return await self.run(step.op)
         if isinstance(step, Trip):
             if is_cluster(self.client):
-                return await self.drive(cluster_trip_plan(self.client, step.ops, step.durable))
-            replies = list(await _pipeline(self.client, step.ops, step.durable).execute(False))
-            return _with_waits(replies, len(step.ops), step.durable)
+                plan = cluster_trip_plan(self.client, step.ops, step.durable, step.first)
+                return await self.drive(plan)
+            pipe = _pipeline(self.client, step.ops, step.durable, step.first)
+            return _trip_replies(list(await pipe.execute(False)), step)
         if isinstance(step, Command):
             return await self.client.execute_command(*step.args)  # type: ignore[no-untyped-call]
         if isinstance(step, Load):

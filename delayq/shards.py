@@ -14,10 +14,11 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from delayq import check
-from delayq.core import Op, QueueCore, SeekRow, ShardCheck, validate_task_id
+from delayq.core import Op, QueueCore, SeekRow, ShardCheck
 from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
 from delayq.protocol import version as protocol
+from delayq.spec import validate_task_id
 from delayq.task import QueueStats, TaskInfo, TaskPage
 
 T = TypeVar("T")

@@ -106,7 +106,7 @@ def make_worker(
         # again after a crash) still reports on the day it was meant for.
         at = datetime.fromtimestamp(task.payload["at"] / 1000, zone)
         day = at.date() - timedelta(days=1)
-        report = {"occurrence": at.isoformat(), "day": day.isoformat(), "tz": tz}
+        report: dict[str, Any] = {"occurrence": at.isoformat(), "day": day.isoformat(), "tz": tz}
         report |= count_orders(database, day, zone)
         path = out / f"{REPORT}-{at:%Y-%m-%dT%H%M%S%z}.json"
         write_atomically(path, json.dumps(report, indent=2, sort_keys=True) + "\n")

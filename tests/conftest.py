@@ -22,6 +22,7 @@ import pytest
 from delayq import AsyncQueue, Queue, Worker
 from delayq.embedded import EmbeddedServer, server_version
 
+from .support.require_browser import pytest_runtest_makereport  # noqa: F401  (a hook)
 from .support.topology import flavours
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from delayq import AsyncQueue, InvalidTaskError, Queue, Task, TaskSpec
-from delayq.core import CheckedSpec
 from delayq.embedded import EmbeddedServer
+from delayq.spec import CheckedSpec
 
 
 class SyncView:

@@ -230,7 +230,7 @@ def test_dead_ls_replay_and_purge(
     assert usage.exit_code == 2 and "--all" in usage.output
 
     one = as_json(cli("dead", "replay", ids[0], "-q", queue.name, "--json"))
-    assert one == {"queue": queue.name, "replayed": 1}
+    assert one == {"queue": queue.name, "replayed": 1, "asked": 1, "ok": True}
     purged = as_json(cli("dead", "purge", ids[1], ids[2], "-q", queue.name, "--yes", "--json"))
     assert purged["purged"] == 2
     kept = cli("dead", "purge", "--older-than", "1h", "-q", queue.name, "--yes")

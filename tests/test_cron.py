@@ -246,7 +246,15 @@ def offline_worker() -> Worker:
         (lambda w: w.every(name="x"), "every\\(\\) takes an interval"),
         (lambda w: w.every(seconds=0.5, name="x"), "between 1 second"),
         (lambda w: w.every(5, minutes=1, name="x"), "takes an interval"),
-        (lambda w: w.every(minutes=-1, name="x"), "must be a number >= 0"),
+        (lambda w: w.every(minutes=-1, name="x"), "must be a number from 0 to ten years"),
+        # NaN, infinity and huge numbers: a ConfigurationError, not Python's ValueError or
+        # OverflowError from timedelta() and round().
+        (lambda w: w.every(math.nan, name="x"), "between 1 second and ten years"),
+        (lambda w: w.every(math.inf, name="x"), "between 1 second and ten years"),
+        (lambda w: w.every(seconds=math.inf, name="x"), "from 0 to ten years"),
+        (lambda w: w.every(seconds=math.nan, name="x"), "from 0 to ten years"),
+        (lambda w: w.every(seconds=1e300, name="x"), "from 0 to ten years"),
+        (lambda w: w.every(hours=1e5, name="x"), "between 1 second and ten years"),
     ],
 )
 def test_bad_schedules_fail_at_decoration_with_a_clear_message(
@@ -291,7 +299,7 @@ def _claimed(queue: Queue, sched: Schedule, at: int) -> int:
 
 
 def cron_ops_task(queue: Queue, sched: Schedule, at: int) -> Any:
-    from delayq.core import TaskSpec
+    from delayq.spec import TaskSpec
 
     return TaskSpec(sched.kind, sched.payload(at), at=at / 1000, task_id=sched.occurrence_id(at))
 

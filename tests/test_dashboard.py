@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 from delayq import Fail, Queue, Worker
 from delayq.embedded import EmbeddedServer
+from delayq.errors import ConfigurationError
 
 from .conftest import ROOT, WorkerThread
 from .support.dashboard_helpers import TOKEN, DashboardThread
@@ -115,6 +119,114 @@ def test_actions_need_the_csrf_token_and_the_same_origin(
         assert ok.headers["location"].startswith(f"/queues/{queue.name}?msg=replayed")
     info = queue.get(dead_id)
     assert info is not None and info.state == "scheduled"
+
+
+# Each would take the browser to another site if followed as given: browsers drop tabs and
+# newlines anywhere in a URL (and C0 controls and spaces around it), and read a backslash
+# as a slash; urlsplit drops the tab too, after a check for "//" has passed.
+OFF_SITE = [
+    "//evil.example/x",
+    "/\t/evil.example",
+    "/\n/evil.example",
+    "/\r/evil.example",
+    "\t//evil.example",
+    "/\\evil.example",
+    "\\\\evil.example",
+    "/\t\\evil.example",
+    "/ /evil.example",
+    "/\x00/evil.example",
+    "/\x7f/evil.example",
+    "https://evil.example/",
+    "http:/evil.example",
+    "javascript:alert(1)",
+    "evil.example",
+    "",
+    " /queues",
+]
+SAME_SITE = ["/", "/queues/x/dead?after=abc", "/%2F/evil.example", "/%09/evil.example"]
+
+
+def test_an_action_goes_back_only_to_a_path_of_this_site(dashboard: str, queue: Queue) -> None:
+    """Finding 7 of issue 28: next=/\t/evil.example redirected to //evil.example."""
+    action = f"/queues/{queue.name}/pause"
+    with httpx.Client(base_url=dashboard, timeout=10, headers=BEARER) as http:
+        csrf = csrf_of(http.get(f"/queues/{queue.name}").text)
+        for target in OFF_SITE:
+            r = http.post(action, data={"csrf": csrf, "next": target})
+            assert r.status_code == 303, target
+            assert r.headers["location"].startswith(f"/queues/{queue.name}?msg="), (
+                target,
+                r.headers["location"],
+            )
+        for target in SAME_SITE:
+            r = http.post(action, data={"csrf": csrf, "next": target})
+            path = r.headers["location"].split("?", 1)[0]
+            assert path == target.split("?", 1)[0], (target, r.headers["location"])
+    queue.resume()
+
+
+def test_a_blank_token_is_refused_and_spaces_around_one_are_dropped(
+    server: EmbeddedServer, queue: Queue
+) -> None:
+    """Issue 28, as for the API's token: all whitespace was accepted; spaces around a token
+    made one no header could match."""
+    with pytest.raises(ConfigurationError, match="only whitespace"):
+        DashboardThread(server.url, [queue.name], token=" " * 12)
+    with DashboardThread(server.url, [queue.name], token=f"  {TOKEN}\t") as base:
+        assert httpx.get(f"{base}/", headers=BEARER, timeout=10).status_code == 200
+        r = httpx.get(f"{base}/?token={TOKEN}", timeout=10)
+        assert r.status_code == 303 and "delayq_session" in r.headers["set-cookie"]
+
+
+def _dashboard_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "delayq", "dashboard", "--port", "0", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_delayq_dashboard_refuses_a_blank_token() -> None:
+    proc = _dashboard_cli("--url", "redis://127.0.0.1:1/0", "--token", " " * 12)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "only whitespace" in err and "--token" in err
+
+
+def test_delayq_dashboard_shares_the_api_s_bounds_on_slow_clients(
+    server: EmbeddedServer, queue: Queue
+) -> None:
+    """The dashboard is served as the API is (delayq/web/serve.py): its URL said once it
+    listens, and a client that sends nothing is answered 408 and closed."""
+    proc = _dashboard_cli(
+        "--url", server.url, "-q", queue.name, "--token", TOKEN, "--header-timeout", "2"
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while not line.startswith("open "):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.stderr else ""
+        base = line.split()[1].split("/?")[0]
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=15) as sock:  # no retry
+            t0 = time.monotonic()
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+            took = time.monotonic() - t0
+        assert 1.5 < took < 10 and got.startswith(b"HTTP/1.1 408 "), (took, got)
+        assert b"--header-timeout" in got
+        assert httpx.get(f"{base}/", headers=BEARER, timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def test_read_only_mode_shows_no_buttons_and_refuses_actions(

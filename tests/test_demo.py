@@ -34,7 +34,7 @@ def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         timeout=120,
         cwd=ROOT,
         # No REDIS_URL by default; the demo ignores one anyway: the embedded server.
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120", **(env or {})},
+        env={"PATH": "/usr/bin:/bin", **(env or {})},  # piped, and no $COLUMNS
     )
 
 
@@ -52,6 +52,15 @@ def test_demo_closes_every_unpaid_order_once_on_sqlite() -> None:
         assert f"✓ │ {check}" in out, out
     assert "✗" not in out
     assert "worker killed (SIGKILL)" in out and "pid " in out
+    # On a pipe the report is laid out as on a wide terminal: no row cut or wrapped at 80.
+    lines = out.splitlines()
+    for row in (
+        "races: paid while close in flight / closed first (payment refused)",
+        "close lateness max (all, incl. those a killed worker held)",
+    ):
+        assert any(row in line for line in lines), out
+    intro = next(line for line in lines if line.startswith("2 worker processes"))
+    assert intro.endswith("exactly at the deadline)"), intro
 
 
 def _postgres_up() -> bool:

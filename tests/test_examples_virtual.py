@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from delayq import Queue, Task
 from delayq.testing import VirtualClock, adrain, drain
@@ -52,7 +53,7 @@ def settings(delayq_url: str, delayq_clock: VirtualClock, tmp_path: Path) -> Ite
     delete_queue(delayq_url, name)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     """The ASGI app with its lifespan running: its AsyncQueue reads the virtual clock."""
     app = create_app(settings)
@@ -77,6 +78,7 @@ async def status_and_stock(api: httpx.AsyncClient, order_id: str) -> tuple[str, 
     return order["status"], product["stock"]
 
 
+@pytest.mark.asyncio
 async def test_unpaid_order_closes_15_virtual_minutes_after_the_request(
     api: httpx.AsyncClient, settings: Settings, delayq_clock: VirtualClock
 ) -> None:
@@ -98,6 +100,7 @@ async def test_unpaid_order_closes_15_virtual_minutes_after_the_request(
     assert (await api.post(f"/orders/{order_id}/pay")).status_code == 409
 
 
+@pytest.mark.asyncio
 async def test_order_paid_at_minute_14_is_never_closed(
     api: httpx.AsyncClient, settings: Settings
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -212,11 +213,27 @@ async def test_batch_with_one_bad_task_lists_it_by_index_and_writes_nothing(
 async def test_batch_with_a_payload_too_large_writes_nothing(
     client: httpx.AsyncClient, qname: str, sq: Queue
 ) -> None:
+    """413 too-large, as for a single task (issue 31 item 3: it was a 422), naming the
+    task's index; a batch whose other payload errors are not about size stays a 422."""
     tasks = [{"kind": "k"}, {"kind": "k", "payload": "x" * 70_000}, {"kind": "k"}]
     r = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks})
-    doc = problem(r, 422, "invalid")
+    doc = problem(r, 413, "too-large")
     assert doc["errors"][0]["index"] == 1 and doc["errors"][0]["pointer"] == "/tasks/1/payload"
-    assert "max_payload" in doc["detail"]
+    assert doc["detail"].startswith("task 1's payload is") and "max_payload" in doc["detail"]
+    tasks.append({"kind": "k", "payload": "y" * 70_000})
+    doc = problem(
+        await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks}),
+        413,
+        "too-large",
+    )
+    assert [e["index"] for e in doc["errors"]] == [1, 3] and "(and 1 more" in doc["detail"]
+    body = '{"tasks": [{"kind": "k"}, {"kind": "k", "payload": "\\ud800"}]}'
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks/batch",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert pointers(problem(r, 422, "invalid")) == ["/tasks/1/payload"]
     assert sq.stats().scheduled == 0
 
 
@@ -273,6 +290,11 @@ async def test_batch_errors_of_its_own_shape(client: httpx.AsyncClient, qname: s
         ({"tasks": [{"kind": "k"}, {"kind": "k", "max_attempts": 1.5}]}, "/tasks/1/max_attempts"),
         ({"tasks": [{"kind": "k"}, {"kind": "k", "headers": {"a": 1}}]}, "/tasks/1/headers"),
         ({"tasks": [{"kind": "k"}, {"payload": 1}]}, "/tasks/1/kind"),
+        ({"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "at": "15m"}]}, "/tasks/1/at"),
+        (
+            {"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "delay": "15q"}]},
+            "/tasks/1/delay",
+        ),
     ],
 )
 async def test_batch_refuses_each_bad_field_as_a_single_task_would(
@@ -578,8 +600,11 @@ async def test_tokens(client: httpx.AsyncClient, qname: str, sq: Queue) -> None:
         (b'{"kind": 5}', "/kind", "kind must be a string, got a number"),
         (b'{"kind": ""}', "/kind", "non-empty string"),
         (b'{"kind": "a\\u0001"}', "/kind", "control characters"),
-        (b'{"kind": "k", "delay": "60"}', "/delay", "delay must be a number, got a string"),
-        (b'{"kind": "k", "delay": true}', "/delay", "got a boolean"),
+        (b'{"kind": "k", "delay": "soon"}', "/delay", "cannot read duration 'soon'"),
+        (b'{"kind": "k", "delay": "-5m"}', "/delay", "cannot read duration '-5m'"),
+        (b'{"kind": "k", "delay": "4000d"}', "/delay", "over ten years"),
+        (b'{"kind": "k", "delay": true}', "/delay", "must be a number or a string, got a boolean"),
+        (b'{"kind": "k", "delay": []}', "/delay", "got an array"),
         (b'{"kind": "k", "delay": -1}', "/delay", "must not be negative"),
         (b'{"kind": "k", "delay": 1e12}', "/delay", "over ten years"),
         (b'{"kind": "k", "at": "2030-01-01"}', "/at", "RFC 3339"),
@@ -662,6 +687,127 @@ async def test_routes_methods_media_types_and_names(client: httpx.AsyncClient, q
     assert "shorter" in doc["detail"]
 
 
+async def test_a_body_without_a_content_type_is_415_naming_the_header(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    """Issue 31 item 4: a body with no Content-Type was taken as JSON, though the error
+    table says 415 for a body that is not application/json."""
+    url = f"/v1/queues/{qname}/tasks"
+    body = b'{"kind": "k"}'
+    doc = problem(await client.post(url, content=body), 415, "unsupported-media-type")
+    assert "no Content-Type" in doc["detail"]
+    assert "'Content-Type: application/json'" in doc["detail"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length either
+        yield body
+
+    problem(await client.post(url, content=chunks()), 415, "unsupported-media-type")
+    r = await client.patch(f"{url}/x", content=b'{"delay": 1}')
+    problem(r, 415, "unsupported-media-type")
+    assert sq.stats().scheduled == 0
+    # No body needs no Content-Type: a GET, a DELETE; an empty POST is refused as empty.
+    assert (await client.get(f"{url}/x")).status_code == 404
+    assert (await client.delete(f"{url}/x")).status_code == 404
+    assert "empty" in problem(await client.post(url), 422, "invalid")["detail"]
+    assert (await client.post(url, content=body, headers=JSON_TYPE)).status_code == 201
+
+
+JSON_TYPE = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("delay", "seconds"),
+    [
+        ("15m", 900),
+        ("90s", 90),
+        ("250ms", 0.25),
+        ("2h", 7200),
+        ("1d", 86400),
+        (" 1.5h ", 5400),
+        ("60", 60),
+        (900, 900),
+        (0.5, 0.5),
+    ],
+)
+async def test_delay_as_the_cli_writes_durations(
+    client: httpx.AsyncClient, qname: str, sq: Queue, delay: Any, seconds: float
+) -> None:
+    """Issue 31 item 8: "delay": "15m" was refused ("delay must be a number"), though
+    delayq schedule --delay 15m takes it. Both read it with timing.parse_duration."""
+    before = datetime.now(UTC)
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks", json={"kind": "k", "id": "d", "delay": delay}
+    )
+    assert r.status_code == 201, r.text
+    info = sq.get("d")
+    assert info is not None and info.due_at is not None
+    late = (info.due_at - before).total_seconds() - seconds
+    assert -0.01 < late < 5, late
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks/batch",
+        json={"tasks": [{"kind": "k", "id": f"b{i}", "delay": delay} for i in range(3)]},
+    )
+    assert r.status_code == 200, r.text
+    due = [sq.get(f"b{i}") for i in range(3)]
+    assert all(i is not None and i.due_at is not None for i in due)
+
+
+async def test_duration_strings_in_reschedule_a_batch_and_a_ttl(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    url = f"/v1/queues/{qname}"
+    sq.schedule("k", task_id="r", delay=5)
+    r = await client.patch(f"{url}/tasks/r", json={"delay": "1h"})
+    assert r.status_code == 200, r.text
+    info = sq.get("r")
+    assert info is not None and info.due_at is not None
+    assert 3590 < (info.due_at - datetime.now(UTC)).total_seconds() <= 3600
+    batch = {"tasks": [{"kind": "k", "delay": "15m"}, {"kind": "k", "delay": 60}, {"kind": "k"}]}
+    assert (await client.post(f"{url}/tasks/batch", json=batch)).status_code == 200
+    batch["tasks"][1]["delay"] = "15 minutes"
+    doc = problem(await client.post(f"{url}/tasks/batch", json=batch), 422, "invalid")
+    assert pointers(doc) == ["/tasks/1/delay"] and "cannot read duration" in doc["detail"]
+    r = await client.put(f"{url}/expiring/session:1", json={"value": 1, "ttl": "30m"})
+    assert r.status_code == 200, r.text
+    left = datetime.fromisoformat(r.json()["deadline"]) - datetime.now(UTC)
+    assert 1790 < left.total_seconds() <= 1800
+    doc = problem(
+        await client.put(f"{url}/expiring/session:1", json={"ttl": "0ms"}), 422, "invalid"
+    )
+    assert pointers(doc) == ["/ttl"]
+
+
+@pytest.mark.parametrize("delay", ["15x", "-5m", "4000d", "1e3s"])
+async def test_a_bad_duration_is_refused_in_the_cli_s_words(
+    client: httpx.AsyncClient, qname: str, server: EmbeddedServer, delay: str
+) -> None:
+    """One parser, one error: what the API says of a delay is what delayq schedule says."""
+    from click.testing import CliRunner
+
+    from delayq.cli.main import main as cli
+
+    r = await client.post(f"/v1/queues/{qname}/tasks", json={"kind": "k", "delay": delay})
+    detail = problem(r, 422, "invalid")["errors"][0]["detail"]
+    out = CliRunner().invoke(
+        cli, ["schedule", "k", "-q", qname, "--url", server.url, "--delay", delay]
+    )
+    assert out.exit_code != 0 and detail in out.output, (detail, out.output)
+
+
+async def test_head_on_the_probes_answers_as_get_without_the_body(
+    client: httpx.AsyncClient,
+) -> None:
+    """Finding 12 of issue 28: HEAD /healthz answered 405 (probes and balancers send it)."""
+    for path in ("/healthz", "/readyz"):
+        got = await client.get(path)
+        r = await client.head(path)
+        assert r.status_code == 200 and r.content == b""
+        assert r.headers["content-length"] == got.headers["content-length"] != "0"
+    assert (await client.head("/readyz", headers={"authorization": ""})).status_code == 401
+    r = await client.put("/healthz")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
+
+
 async def test_only_the_queues_given_are_served(server: EmbeddedServer, qname: str) -> None:
     app = create_app(server.url, token=TOKEN, queues=[qname])
     async with httpx.AsyncClient(
@@ -699,7 +845,10 @@ async def test_a_queue_not_served_is_a_404_on_every_route_and_documented(
                 elif method == "post":
                     body = {"ttl": 5}
                 r = await c.request(method.upper(), url, json=body)
-                problem(r, 404, "not-found")
+                if method == "head":
+                    assert r.status_code == 404 and r.content == b""
+                else:
+                    problem(r, 404, "not-found")
                 assert "404" in op["responses"], (method, path)
     await app.state.api.aclose()
 
@@ -707,6 +856,39 @@ async def test_a_queue_not_served_is_a_404_on_every_route_and_documented(
 def test_a_short_token_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="at least 16 characters"):
         create_app("redis://127.0.0.1:1/0", token="short")
+
+
+@pytest.mark.parametrize(
+    ("token", "words"),
+    [
+        (" " * 20, "only whitespace"),
+        ("\t\n" * 10, "only whitespace"),
+        ("", "only whitespace"),
+        ("   short   " + " " * 10, "at least 16 characters (it has 5)"),
+        ("a-token-of-20\nchars", "control character"),
+        (None, "must be a string"),
+    ],
+)
+def test_a_blank_or_unsendable_token_is_refused_naming_the_fix(token: Any, words: str) -> None:
+    """Issue 28: an all-whitespace token was accepted (20 spaces passed the length check)."""
+    with pytest.raises(ConfigurationError, match=re.escape(words)) as e:
+        create_app("redis://127.0.0.1:1/0", token=token)
+    assert "secrets.token_urlsafe" in str(e.value)
+
+
+async def test_spaces_around_the_token_are_dropped(server: EmbeddedServer) -> None:
+    """A token with spaces around it could never match: a header's value loses them."""
+    app = create_app(server.url, token=f"  {TOKEN}\t ")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api"
+    ) as c:
+        assert (await c.get("/readyz", headers=AUTH)).status_code == 200
+        problem(
+            await c.get("/readyz", headers={"authorization": f"Bearer  {TOKEN} x"}),
+            401,
+            "unauthorized",
+        )
+    await app.state.api.aclose()
 
 
 # -- Redis unreachable -------------------------------------------------------------------------
@@ -796,6 +978,17 @@ def test_delayq_api_refuses_to_start_without_a_token() -> None:
     assert "a token is required" in proc.stderr and "--token-file" in proc.stderr
     proc = _cli("--token", "short", "--port", "0")
     assert proc.returncode == 2 and "at least 16 characters" in proc.stderr
+    proc = _cli("--token", " " * 20, "--port", "0")
+    assert proc.returncode == 2 and "only whitespace" in proc.stderr
+    assert "secrets.token_urlsafe" in proc.stderr and "--token" in proc.stderr
+
+
+def test_delayq_api_refuses_a_token_file_of_whitespace(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("   \n" + TOKEN)  # (its first line is the token)
+    proc = _cli("--token-file", str(token_file), "--port", "0")
+    assert proc.returncode == 2 and "only whitespace" in proc.stderr
+    assert "--token-file" in proc.stderr
 
 
 def test_delayq_api_without_its_extra_names_the_pip_command() -> None:

@@ -29,10 +29,10 @@ from hypothesis.stateful import (
 
 from delayq import Queue, leasing
 from delayq.codec import Attempt, Header, split_record
-from delayq.core import TaskSpec
 from delayq.embedded import EmbeddedServer
 from delayq.keys import QueueKeys
 from delayq.runner import SyncRunner
+from delayq.spec import TaskSpec
 
 BASE = 1_700_000_000_000
 DEDUPE_MS = 5_000

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from delayq import Queue, Task, Worker
+from delayq import ConfigurationError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
 
@@ -329,3 +329,60 @@ def test_node_refuses_bad_tasks_with_a_clear_error_and_writes_nothing(
     for got, want in zip(out, wanted, strict=True):
         assert got is not None and got[0] == "InvalidTaskError" and want in got[1], (got, want)
     assert _keys(server.url, qname) == set()  # nothing written, not even the shard count
+
+
+def test_node_refuses_a_stored_shard_count_over_max_shards_as_python_does(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    r = redis.Redis.from_url(server.url)
+    r.hset(f"dq:{{{qname}}}:shards", mapping={"n": 2000, "protocol": "1.0"})  # no delayq's
+    r.close()
+    before = _keys(server.url, qname)
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const refused = [];
+        for (const shards of ['stored', 1025]) {{
+          try {{
+            const q = new delayq.Queue({json.dumps(qname)}, {{ shards }});
+            try {{ await q.schedule('k', 1); refused.push(null); }} finally {{ await q.close(); }}
+          }} catch (err) {{ refused.push([err.name, err.message]); }}
+        }}
+        return refused;
+        """,
+    )
+    assert out[0] is not None and out[0][0] == "ConfigurationError"
+    assert (
+        "stored a shard count of 2000, not one from 1 to the protocol's max_shards (1024)"
+        in out[0][1]
+    )
+    assert out[1] == [
+        "ConfigurationError",
+        "shards must be an integer from 1 to 1024 or 'stored', got 1025",
+    ]
+    assert _keys(server.url, qname) == before
+    with pytest.raises(ConfigurationError, match="from 1 to 1,024"):  # Python refuses it too
+        Queue(qname, url=server.url, shards="stored")  # (it reads the count as it opens)
+
+
+def test_node_takes_a_payload_of_exactly_max_payload_bytes_and_counts_utf8_bytes(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)}, {{ maxPayload: 100 }});
+        const results = [];
+        for (const payload of ['x'.repeat(98), 'é'.repeat(49), 'x'.repeat(99), 'é'.repeat(50)]) {{
+          try {{ results.push((await q.schedule('k', payload, {{ delay: 60 }})).status); }}
+          catch (err) {{ results.push(err.message); }}
+        }}
+        await q.close();
+        return results;
+        """,
+    )
+    assert out[:2] == ["created", "created"]  # 100 bytes each: the limit is inclusive
+    assert "payload is 101 bytes encoded, over the queue's limit of 100" in out[2]
+    assert "payload is 102 bytes encoded, over the queue's limit of 100" in out[3]

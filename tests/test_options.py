@@ -30,9 +30,9 @@ import redis.asyncio as aredis
 
 import delayq.testing
 from delayq import AsyncQueue, ConfigurationError, InvalidTaskError, Queue, Task, Worker
-from delayq.core import ScheduleOptions
 from delayq.embedded import EmbeddedServer
 from delayq.expiring.facade import AsyncExpiring, Expiring
+from delayq.spec import ScheduleOptions
 from delayq.testing import Drained, VirtualClock
 from delayq.worker.features.cron import HANDLER_OPTIONS, Schedules
 

@@ -1,20 +1,40 @@
 """Protocol v1's version in Redis: a queue is stamped by its first write, a queue of another
 major is refused by producers and workers (both versions named, nothing written), and an
-unstamped or same-major queue is used as is."""
+unstamped or same-major queue is used as is. Then what docs/protocol.md tells a producer
+of the scripts' behaviour, checked with the exported scripts on a real server: the same id
+twice in one call, the payload limit, get's score, when due_at is null, max_shards, a
+cancelled id scheduled again."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
+import time
 from typing import Any
 
 import pytest
 import redis
 
-from delayq import AsyncQueue, ConfigurationError, ProtocolVersionError, Queue, Worker
+from delayq import (
+    AsyncQueue,
+    ConfigurationError,
+    Fail,
+    InvalidTaskError,
+    PayloadTooLarge,
+    ProtocolVersionError,
+    Queue,
+    Task,
+    Worker,
+)
 from delayq.embedded import EmbeddedServer
+from delayq.keys import MAX_SHARDS, QueueKeys
+from delayq.protocol.export import manifest
 from delayq.protocol.version import PROTOCOL_VERSION
+from delayq.scripts import SCRIPTS
 from delayq.shards import Shards
+
+from .support.helpers import wait_for
 
 
 def _keys(server: EmbeddedServer, qname: str) -> set[bytes]:
@@ -142,8 +162,6 @@ def test_an_unstamped_queue_made_before_stamping_works_and_is_stamped_by_a_write
         worker = Worker(queue)
         worker.handler("k")(lambda task: ran.append(task.payload))
         with run_worker(worker):
-            from .support.helpers import wait_for
-
             wait_for(lambda: ran == [2])
 
 
@@ -181,3 +199,207 @@ def test_the_script_raises_the_minor_of_its_major_and_never_lowers_or_crosses_it
     assert store("2.0") == (0, "3.0")  # and stores no count either
     assert queue.client.hgetall(root.keys.shards) == {b"protocol": b"3.0"}
     queue.close()
+
+
+# -- What docs/protocol.md tells a producer, run as another language runs the scripts --------
+
+
+def _run(r: redis.Redis, name: str, qname: str, args: dict[str, Any], rest: list[Any]) -> Any:
+    """The exported script ``name`` (byte for byte what delayq loads) by EVALSHA, its KEYS
+    and ARGV as the manifest orders them."""
+    script = SCRIPTS[name]
+    keys = QueueKeys(qname)
+    argv = [args[a] for a in script.arg_names]
+    sha = r.script_load(script.source)
+    names = script.key_names
+    return r.evalsha(sha, len(names), *(getattr(keys, k) for k in names), *argv, *rest)
+
+
+def _schedule(r: redis.Redis, qname: str, tasks: list[tuple[str, str, str]], replace: bool) -> Any:
+    args = {
+        "now": "",
+        "dedupe_ms": 86400000,
+        "replace": "1" if replace else "0",
+        "channel": QueueKeys(qname).wake_channel,
+        "durable": "0",
+    }
+    return _run(r, "schedule", qname, args, [x for task in tasks for x in task])
+
+
+def _record(kind: str, payload: str) -> str:
+    return json.dumps({"k": kind, "c": 1732900000000}, separators=(",", ":")) + "\n" + payload
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("between", [0, 999])  # the second in the same batch, or the next
+def test_the_same_id_twice_in_one_schedule_call_keeps_the_first_or_with_replace_the_last(
+    server: EmbeddedServer, qname: str, replace: bool, between: int
+) -> None:
+    first = ("a", "1732900000000", _record("k", "1"))
+    last = ("a", "1732900005000", _record("k", "2"))
+    others = [(f"o{i}", "1732900000000", _record("k", "0")) for i in range(between)]
+    r = redis.Redis.from_url(server.url)
+    try:
+        statuses = _schedule(r, qname, [first, *others, last], replace)
+        assert statuses == [1, *[1] * between, 2 if replace else 0]
+        keys = QueueKeys(qname)
+        kept = last if replace else first
+        assert r.hget(keys.tasks, "a") == kept[2].encode()
+        assert r.zscore(keys.scheduled, "a") == float(kept[1])
+        assert r.zcard(keys.scheduled) == 1 + between  # one task
+    finally:
+        r.close()
+    twice = [{"kind": "k", "task_id": "b"}, {"kind": "k", "task_id": "b"}]
+    with Queue(qname, url=server.url) as queue, pytest.raises(InvalidTaskError, match="twice"):
+        queue.schedule_many(twice)  # delayq's producer refuses it
+
+
+def test_the_server_takes_a_payload_of_any_size_the_python_producer_checks_max_payload(
+    server: EmbeddedServer, qname: str
+) -> None:
+    r = redis.Redis.from_url(server.url)
+    try:  # the schedule script has no limit to check: 1 MiB is written whole
+        big = _record("k", '"' + "x" * (1 << 20) + '"')
+        assert _schedule(r, qname, [("big", "+60000", big)], False) == [1]
+        assert r.hget(QueueKeys(qname).tasks, "big") == big.encode()
+    finally:
+        r.close()
+    # The producer: the payload's encoded bytes, at most max_payload (inclusive); the kind,
+    # the headers and the rest of the record do not count.
+    with Queue(f"{qname}-p", url=server.url, max_payload=100) as queue:
+        assert len(json.dumps("x" * 98)) == 100
+        queue.schedule("k", "x" * 98, delay=60)  # exactly 100 bytes: accepted
+        queue.schedule("k" * 200, "x" * 98, delay=60, headers={"h": "v" * 3000})
+        queue.schedule("k", "é" * 49, delay=60)  # 49 * 2 bytes of UTF-8, and the quotes
+        for payload in ("x" * 99, "é" * 50):
+            with pytest.raises(PayloadTooLarge, match="over the queue's limit of 100"):
+                queue.schedule("k", payload, delay=60)
+            with pytest.raises(PayloadTooLarge, match="over the queue's limit of 100"):
+                queue.schedule_many([{"kind": "k", "payload": payload}])
+        assert queue.stats().scheduled == 3
+    with Queue(f"{qname}-m", url=server.url, max_payload=4, codec="msgpack") as queue:
+        queue.schedule("k", "abc", delay=60)  # msgpack: 0xa3 and three bytes
+        with pytest.raises(PayloadTooLarge, match="5 bytes encoded"):
+            queue.schedule("k", "abcd", delay=60)
+
+
+@pytest.mark.parametrize("resp", [2, 3])
+def test_gets_score_is_a_bulk_string_of_ms_that_may_carry_a_fraction(
+    server: EmbeddedServer, qname: str, resp: int
+) -> None:
+    r = redis.Redis.from_url(server.url, protocol=resp)
+    try:
+        tasks = [
+            ("whole", "1732900000000", _record("k", "1")),
+            ("quarter", "1732900000000.250", _record("k", "1")),
+            ("micro", "1732900000000.001", _record("k", "1")),
+        ]
+        assert _schedule(r, qname, tasks, False) == [1, 1, 1]
+        scores = {}
+        for task_id, _, record in tasks:
+            state, score, rec, error, attempt = _run(r, "get", qname, {"id": task_id}, [])
+            assert (state, rec, error, attempt) == (b"scheduled", record.encode(), None, None)
+            scores[task_id] = score
+    finally:
+        r.close()
+    # Bulk strings in RESP3 too (not doubles): the shortest decimal of the stored double.
+    assert scores == {
+        "whole": b"1732900000000",
+        "quarter": b"1732900000000.25",
+        "micro": b"1732900000000.001",
+    }
+    with Queue(qname, url=server.url) as queue:
+        info = queue.get("quarter")
+        assert info is not None and info.due_at is not None
+        assert info.due_at.timestamp() * 1000 == 1732900000000.25
+
+
+def test_due_at_is_null_only_for_a_task_that_is_not_waiting_and_never_ran(
+    server: EmbeddedServer, qname: str, run_worker: Any
+) -> None:
+    queue = Queue(qname, url=server.url)
+    worker = Worker(queue)
+    worker.handler("ok")(lambda task: None)
+
+    @worker.handler("fails")
+    def fails(task: Task) -> None:
+        raise Fail("no")
+
+    @worker.handler("slow")
+    async def slow(task: Task) -> None:
+        await asyncio.sleep(60)
+
+    at = time.time() + 0.3
+    queue.schedule("ok", task_id="done", at=at)
+    queue.schedule("fails", task_id="dead", at=at)
+    queue.schedule("slow", task_id="stopped", at=at)
+    queue.schedule("ok", task_id="waiting", delay=60)
+    queue.schedule("ok", task_id="aborted", delay=60)
+    assert queue.abort("aborted")
+    r = redis.Redis.from_url(server.url)  # a record no delayq wrote, buried by the claim
+    _schedule(r, qname, [("corrupt", "+0", "not a header\nnull")], False)
+    r.close()
+    with run_worker(worker):
+        wait_for(lambda: queue.stats().done == 1 and queue.stats().dead == 2)
+        running = wait_for(lambda: (t := queue.get("stopped")) and t.state == "active" and t)
+        assert running.due_at is not None
+        assert running.due_at.timestamp() == pytest.approx(at, abs=0.001)
+        assert queue.abort("stopped")  # aborted while it runs
+    names = ("done", "dead", "stopped", "waiting", "aborted", "corrupt")
+    infos = {i: queue.get(i) for i in names}
+    states = {i: (t.state, t.attempts) for i, t in infos.items() if t is not None}
+    assert states == {
+        "done": ("done", 1),
+        "dead": ("dead", 1),
+        "stopped": ("aborted", 1),
+        "waiting": ("scheduled", 0),
+        "aborted": ("aborted", 0),
+        "corrupt": ("dead", 0),
+    }
+    due = {i: t.due_at.timestamp() if t and t.due_at else None for i, t in infos.items()}
+    # Its due time while it waits; once it ran, the due time of its last run; never ran: None.
+    assert due["done"] == due["dead"] == due["stopped"] == pytest.approx(at, abs=0.001)
+    assert due["waiting"] is not None and due["waiting"] > time.time() + 50
+    assert due["aborted"] is None and due["corrupt"] is None
+    queue.close()
+
+
+def test_max_shards_bounds_the_shard_count_which_the_script_itself_does_not_check(
+    server: EmbeddedServer, qname: str
+) -> None:
+    assert manifest()["max_shards"] == MAX_SHARDS == 1024
+    with pytest.raises(ConfigurationError, match="from 1 to 1,024"):
+        Queue(qname, url=server.url, shards=1025)
+    with Queue(qname, url=server.url, shards=1024) as queue:  # the largest
+        ids = queue.schedule_many([{"kind": "k", "delay": 60} for _ in range(50)])
+        assert queue.stats().scheduled == 50 and all(queue.get(i) is not None for i in ids)
+    other = f"{qname}-big"
+    r = redis.Redis.from_url(server.url)
+    try:  # the shards script stores whatever count it is sent
+        args = {"want": "2000", "store": "1", "protocol": PROTOCOL_VERSION}
+        assert _run(r, "shards", other, args, []) == [2000, b"1.0"]
+    finally:
+        r.close()
+    with pytest.raises(ConfigurationError, match="from 1 to 1,024"):  # no delayq opens it
+        Queue(other, url=server.url, shards="stored")  # (it reads the count as it opens)
+
+
+def test_a_cancelled_id_can_be_scheduled_again_at_once(server: EmbeddedServer, qname: str) -> None:
+    r = redis.Redis.from_url(server.url)
+    try:
+        assert _schedule(r, qname, [("a", "+60000", _record("k", "1"))], False) == [1]
+        first = float(r.zscore(QueueKeys(qname).scheduled, "a") or 0)
+        assert _run(r, "cancel", qname, {"id": "a"}, []) == 1
+        assert _run(r, "get", qname, {"id": "a"}, []) is None  # forgotten, record and all
+        assert _schedule(r, qname, [("a", "+120000", _record("k", "2"))], False) == [1]
+        state, score, record, _, _ = _run(r, "get", qname, {"id": "a"}, [])
+        assert (state, record) == (b"scheduled", _record("k", "2").encode())
+        assert float(score) >= first + 59000  # the new call's due time
+    finally:
+        r.close()
+    with Queue(qname, url=server.url) as queue:
+        assert queue.cancel("a")
+        again = queue.schedule("k", 3, task_id="a", delay=60)
+        assert again.status == "created"
+        info = queue.get("a")
+        assert info is not None and info.payload == 3

@@ -22,12 +22,13 @@ import redis
 from delayq import Queue
 from delayq.admin import inspect as admin
 from delayq.codec import Attempt, Header, RecordError, encode_record, split_record
-from delayq.core import Op, QueueCore, TaskSpec
+from delayq.core import Op, QueueCore
 from delayq.expiring import ops as expiring
 from delayq.keys import Key, QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, file_of, parse_header
+from delayq.spec import TaskSpec
 from delayq.timing import ms_to_datetime
 
 NOW = 1_700_000_000_000
@@ -1359,6 +1360,7 @@ def reshard_builders_once(core: QueueCore) -> list[Op[Any]]:
 
 
 def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
+    from delayq.cron import facade as cron_facade
     from delayq.cron import ops as cron_ops
     from delayq.cron.schedules import Decision, every_schedule
 
@@ -1366,7 +1368,7 @@ def cron_builders_once(core: QueueCore) -> list[Op[Any]]:
     return [
         cron_ops.start(core, sched, "cron:s:1000", 1, 1000, Decision(True, 2000), now_ms=NOW),
         cron_ops.outcomes(core, [("s", "cron:s:1000", "succeeded", "")], now_ms=NOW),
-        cron_ops.read(core, now_ms=NOW),
+        cron_facade.read(core, now_ms=NOW),
         cron_ops.sync(core, [cron_ops.Change("s", b"", None)]),
     ]
 

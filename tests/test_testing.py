@@ -211,10 +211,11 @@ def test_raise_errors_reraises_the_handlers_exception_with_its_traceback(
     assert [(r.task_id, r.outcome) for r in drain(worker).ran] == [("m", "retry")]
 
 
+@pytest.mark.asyncio
 async def test_adrain_runs_async_handlers_in_an_async_test(
     delayq_async_queue: AsyncQueue, delayq_clock: VirtualClock
 ) -> None:
-    worker = Worker(delayq_async_queue)  # type: ignore[arg-type]
+    worker = Worker(delayq_async_queue)
     seen: list[tuple[str, datetime]] = []
 
     @worker.handler("notify")

@@ -8,6 +8,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 
 const { crc32 } = require('./crc32');
+const { isCluster, clusterOptions, clusterCall } = require('./cluster');
 
 const PROTOCOL_DIR = path.join(__dirname, 'protocol');
 const MANIFEST = JSON.parse(fs.readFileSync(path.join(PROTOCOL_DIR, 'manifest.json'), 'utf8'));
@@ -211,14 +212,51 @@ function msToDate(ms) {
   return ms == null ? null : new Date(Number(ms));
 }
 
+/** SCRIPT LOAD by ``send`` (a node's sendCommand), checking the SHA-1 the server made. */
+async function loadScript(script, send) {
+  const sha1 = await send(['SCRIPT', 'LOAD', script.source]);
+  if (sha1 !== script.sha1) {
+    throw new DelayqError(`the server loaded ${script.name} as ${sha1}, not ${script.sha1}`);
+  }
+}
+
+/**
+ * The client a Queue makes: createCluster's for redis+cluster:// or root nodes, else
+ * createClient's for the URL (else $DELAYQ_REDIS_URL, $REDIS_URL, localhost:6379).
+ */
+function connect(url, rootNodes) {
+  const { createClient, createCluster } = require('redis');
+  if (rootNodes != null) {
+    if (!Array.isArray(rootNodes) || rootNodes.length === 0) {
+      throw new ConfigurationError(
+        "rootNodes must be a non-empty array of a cluster's nodes, e.g. " +
+          "[{url: 'redis://10.0.0.1:7000'}] or ['redis://10.0.0.1:7000']"
+      );
+    }
+    return createCluster({
+      rootNodes: rootNodes.map((node) => (typeof node === 'string' ? { url: node } : node)),
+    });
+  }
+  const target = url || process.env.DELAYQ_REDIS_URL || process.env.REDIS_URL;
+  if (target != null && typeof target !== 'string') {
+    throw new ConfigurationError(`url must be a Redis URL string, got ${JSON.stringify(target)}`);
+  }
+  const cluster = target ? clusterOptions(target, (m) => new ConfigurationError(m)) : null;
+  return cluster ? createCluster(cluster) : createClient({ url: target });
+}
+
 class Queue {
   /**
    * A delayq queue, for producing.
    *
    * @param {string} name the queue's name (1-100 of letters, digits and '_.:-').
    * @param {object} options
-   * @param {object} [options.client] a connected node-redis v4 client (yours to close), or
-   * @param {string} [options.url] a Redis URL to connect to (closed by close()).
+   * @param {object} [options.client] a connected client of the npm package `redis` v4
+   *   (yours to close): createClient's, or createCluster's for a Redis Cluster; or
+   * @param {string} [options.url] a Redis URL to connect to (closed by close()):
+   *   redis://..., or redis+cluster://host:port[,host:port...] for a cluster; or
+   * @param {Array<object|string>} [options.rootNodes] a Redis Cluster's root nodes, as
+   *   createCluster takes them ({url: 'redis://host:port'}) or as URLs (closed by close()).
    * @param {number|'stored'} [options.shards=1] as every process of the queue uses it;
    *   'stored': the count the queue stored (1 if none).
    * @param {string} [options.prefix='dq'] the keys' first part.
@@ -226,7 +264,7 @@ class Queue {
    * @param {number} [options.maxPayload=65536] largest encoded payload, in bytes.
    */
   constructor(name, options = {}) {
-    const { client, url, shards = 1, prefix = MANIFEST.default_prefix } = options;
+    const { client, url, rootNodes, shards = 1, prefix = MANIFEST.default_prefix } = options;
     if (typeof name !== 'string' || !/^[A-Za-z0-9_.:-]{1,100}$/.test(name)) {
       throw new ConfigurationError(
         `invalid queue name ${JSON.stringify(name)}: use 1-100 characters from letters, ` +
@@ -252,16 +290,22 @@ class Queue {
         `maxPayload must be a positive byte count, got ${this.maxPayload}`
       );
     }
+    const given = [client, url, rootNodes].filter((o) => o != null).length;
+    if (given > 1) {
+      throw new ConfigurationError('pass one of client, url or rootNodes, not several');
+    }
     if (client) {
       this.client = client;
       this.ownsClient = false;
     } else {
-      const { createClient } = require('redis');
-      const env = process.env.DELAYQ_REDIS_URL || process.env.REDIS_URL;
-      this.client = createClient({ url: url || env }); // (neither: localhost:6379)
+      this.client = connect(url, rootNodes);
+      // Socket errors are emitted as the client reconnects; a call they cut fails itself.
+      this.client.on('error', () => {});
       this.ownsClient = true;
       this.connecting = null;
     }
+    // A Redis Cluster: each call goes to its first key's slot (cluster.js).
+    this.cluster = isCluster(this.client);
     this.prefixes = new Map();
     this.checked = false; // reads skip the check once a count is stored
     this.writeChecked = false; // writes once the queue is also stamped
@@ -283,7 +327,10 @@ class Queue {
     return this.client;
   }
 
-  /** One script call: EVALSHA, loading the script on NOSCRIPT and sending it again. */
+  /**
+   * One script call: EVALSHA, loading the script on NOSCRIPT and sending it again. On a
+   * cluster, to the primary of the slot of its keys (one tag: one slot), loaded there.
+   */
   async call(name, tag, args, rest = []) {
     const script = SCRIPTS[name];
     const given = Object.keys(args).sort().join(',');
@@ -294,14 +341,14 @@ class Queue {
     const argv = script.argv.map((a) => String(args[a]));
     const command = ['EVALSHA', script.sha1, String(keys.length), ...keys, ...argv, ...rest];
     const client = await this.connection();
+    if (this.cluster) {
+      return clusterCall(client, keys[0], command, (send) => loadScript(script, send));
+    }
     try {
       return await client.sendCommand(command);
     } catch (err) {
       if (!String(err && err.message).startsWith('NOSCRIPT')) throw err;
-      const sha1 = await client.sendCommand(['SCRIPT', 'LOAD', script.source]);
-      if (sha1 !== script.sha1) {
-        throw new DelayqError(`the server loaded ${name} as ${sha1}, not ${script.sha1}`);
-      }
+      await loadScript(script, (args) => client.sendCommand(args));
       return client.sendCommand(command);
     }
   }
@@ -332,6 +379,13 @@ class Queue {
     checkProtocol(this.name, protocol);
     if (count === 0) return protocol; // a read, and nothing stored yet: check again next time
     if (this.stored) {
+      if (!(Number.isInteger(count) && count >= 1 && count <= MANIFEST.max_shards)) {
+        throw new ConfigurationError(
+          `queue '${this.name}' stored a shard count of ${count}, not one from 1 to the ` +
+            `protocol's max_shards (${MANIFEST.max_shards}): no delayq process opens it; its key ` +
+            `${this.key(this.name, 'shards')} was not written by delayq`
+        );
+      }
       this.n = count;
       this.stored = false;
     } else if (count !== this.n) {

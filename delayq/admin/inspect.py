@@ -20,9 +20,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from delayq.connection import redact, resolve_url, sync_client
 from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
-from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, as_bytes, as_str, check_page
+from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
 from delayq.errors import InvalidTaskError
-from delayq.keys import DEFAULT_PREFIX, QueueKeys, validate_queue_name
+from delayq.info import as_bytes, as_str
+from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
 from delayq.runner import SyncRunner, translate
 from delayq.scripts import SCRIPTS
@@ -35,6 +36,13 @@ MAX_BUCKETS = 500
 DISCOVERY_SCAN_CALLS = 1000  # SCAN calls of COUNT 1000: discovery looks at <= 1M keys
 
 PageState = Literal["scheduled", "active"]
+# Every key of a queue's tag (not its wake-up channel, which is no key): what Admin.exists
+# looks for.
+_STORED_KEYS = tuple(
+    name
+    for name, attr in vars(QueueKeys).items()
+    if isinstance(attr, Key) and not name.endswith("_channel")
+)
 
 
 # -- what the views return -------------------------------------------------------------------
@@ -291,6 +299,18 @@ class Admin:
         except (RedisConnectionError, RedisTimeoutError) as e:
             raise translate(e, self.client) from None
         return sorted(found)
+
+    def exists(self, name: str) -> bool:
+        """Whether queue ``name`` has ever been written here: any key of its unsplit tag is
+        on the server. A producer's first write and a worker's start store its shard count
+        there, so a name no process has used is most often a typo (``delayq check`` and
+        ``delayq info`` refuse it unless given ``--allow-empty``)."""
+        keys = QueueKeys(validate_queue_name(name), self.prefix)
+        names = keys.names(_STORED_KEYS)
+        try:
+            return bool(self.client.exists(*names))
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
 
     # -- views --------------------------------------------------------------------------------
 

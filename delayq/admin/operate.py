@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from delayq.admin.inspect import Admin
 from delayq.admin.reshard import BATCH, ReshardResult, reshard_plan
-from delayq.queue import Progress, Queue
+from delayq.base import Progress
+from delayq.queue import Queue
 from delayq.timing import Duration
 
 

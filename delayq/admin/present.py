@@ -1,13 +1,22 @@
-"""Showing tasks and times to people: shared by the CLI and the dashboard. Pure."""
+"""Showing tasks and times to people: shared by the CLI, the demo and the dashboard. Pure,
+but for :func:`console`, which makes (and does not use) a terminal's console."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
 from typing import Any
 
+from rich.console import Console
+
 from delayq.task import TaskInfo
+
+# The width of a console that is not a terminal: no limit that a table or a line reaches, so
+# a pipe or a file gets every line whole (rich pads nothing to the width).
+UNLIMITED = 100_000
+COLUMNS_ENV = "COLUMNS"  # a width asked for, which rich reads too
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -23,17 +32,24 @@ def one_line(text: str) -> str:
     return safe(text.replace("\n", "\\n").replace("\t", "\\t"))
 
 
-def human_seconds(s: float) -> str:
-    """0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'."""
+# Each unit of a duration over a minute, largest first, with the one shown after it.
+_UNITS = ((86400.0, "d", 3600.0, "h"), (3600.0, "h", 60.0, "m"), (60.0, "m", 1.0, "s"))
+
+
+def human_seconds(s: float, *, exact: bool = False) -> str:
+    """A duration for people: 0.0123 -> '12ms', 95 -> '1m35s', 7300 -> '2h01m'. ``exact``:
+    in its largest unit alone, as precise as it is (a chart's spans: 300 -> '5m', 5400 ->
+    '1.5h', 0.0005 -> '0.5ms')."""
     if s < 1:
-        return f"{s * 1000:.0f}ms"
+        return f"{s * 1000:{'g' if exact else '.0f'}}ms"
     if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    if s < 86400:
-        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+        return f"{s:{'g' if exact else '.1f'}}s"
+    for size, unit, part, after in _UNITS:
+        if s >= size:
+            if exact:
+                return f"{s / size:g}{unit}"
+            return f"{int(s // size)}{unit}{int(s % size // part):02d}{after}"
+    raise AssertionError("unreachable: s >= 60 is at least a minute")
 
 
 def controls_text(paused: bool, limit: Any, backlog: float | None) -> str:
@@ -109,3 +125,13 @@ def timestamp(when: datetime | None) -> str:
     if when is None:
         return "-"
     return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr): a terminal's own width, and on a pipe or a file
+    no width at all (rich would cut tables and wrap lines at 80 columns), so that what is
+    piped is laid out as a wide terminal shows it; ``$COLUMNS`` still sets one."""
+    out = Console(stderr=stderr)
+    if out.is_terminal or os.environ.get(COLUMNS_ENV):
+        return out
+    return Console(stderr=stderr, width=UNLIMITED)

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import click
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -25,11 +25,14 @@ from delayq.admin.present import controls_text
 from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     QUEUE_ENV,
+    allow_empty_option,
     connect,
+    console,
     duration,
     echo_json,
     human_seconds,
     json_option,
+    known_queues,
     need_queue,
     one_line,
     payload_text,
@@ -172,7 +175,7 @@ def schedule(
     data, at, secs = _payload(payload), _at(at_text), duration(delay, "--delay")
     headers = _headers(header_items)
     with connect(url) as admin:
-        queue = need_queue(admin, queue)
+        queue = need_queue(admin, queue, new=True)
         q = admin.queue(queue)
         try:
             tid = q.schedule(
@@ -280,10 +283,16 @@ def _info_view(admin: Admin) -> Group | Text:
     metavar="DURATION",
     help="Refresh interval with --watch.",
 )
+@allow_empty_option
 @url_option
 @json_option
 def info(
-    queues: tuple[str, ...], watch: bool, interval: str, url: str | None, as_json: bool
+    queues: tuple[str, ...],
+    watch: bool,
+    interval: str,
+    allow_empty: bool,
+    url: str | None,
+    as_json: bool,
 ) -> None:
     """Per queue: scheduled, due now, active, dead, aborted, oldest overdue, next due, live
     workers, and its controls (paused; the rate limit and how long it needs for what is due
@@ -293,11 +302,12 @@ def info(
     """
     every = duration(interval, "--interval") or 2.0
     with connect(url, queues) as admin:
+        known_queues(admin, queues, allow_empty)
         if not watch:
             if as_json:
                 echo_json([ov.as_dict() for ov in admin.overviews()])
             else:
-                Console().print(_info_view(admin))
+                console().print(_info_view(admin))
             return
         with contextlib.suppress(KeyboardInterrupt):
             _watch(admin, every, as_json)
@@ -310,7 +320,7 @@ def _watch(admin: Admin, every: float, as_json: bool) -> None:
             click.echo(json.dumps(data, ensure_ascii=False, default=str))
             sys.stdout.flush()
             time.sleep(every)
-    with Live(_info_view(admin), console=Console(), auto_refresh=False) as live:
+    with Live(_info_view(admin), console=console(), auto_refresh=False) as live:
         while True:
             time.sleep(every)
             live.update(_info_view(admin), refresh=True)
@@ -371,6 +381,7 @@ def task_show(task_id: str, queues: tuple[str, ...], url: str | None, as_json: b
     With --json: the task as an object, or a list when the id is in no queue or several.
     """
     with connect(url, queues) as admin:
+        known_queues(admin, queues, flag=False)
         try:
             found = admin.find_task(task_id)
         except InvalidTaskError as e:

@@ -4,8 +4,10 @@ says where it tried, and terminal-safe formatting."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -14,6 +16,7 @@ import click
 
 from delayq.admin.inspect import Admin
 from delayq.admin.present import (
+    console,
     human_seconds,
     one_line,
     payload_text,
@@ -25,7 +28,15 @@ from delayq.connection import DEFAULT_URL, TLS_FIX, URL_ENV, redact
 from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.timing import parse_duration
 
-__all__ = ["human_seconds", "one_line", "payload_text", "relative", "safe", "task_dict"]
+__all__ = [
+    "console",
+    "human_seconds",
+    "one_line",
+    "payload_text",
+    "relative",
+    "safe",
+    "task_dict",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -130,16 +141,59 @@ def connect(url: str | None, queues: tuple[str, ...] = ()) -> Iterator[Admin]:
         admin.close()
 
 
-def need_queue(admin: Admin, queue: str | None) -> str:
-    """The --queue a command acts on; without one, say which queues exist."""
+def allow_empty_option(f: F) -> F:
+    return click.option(
+        "--allow-empty",
+        is_flag=True,
+        help="Take a --queue no process has written yet as an empty queue (a new deploy) "
+        "instead of refusing it as a probable typo.",
+    )(f)
+
+
+def _found(admin: Admin) -> str:
+    found = admin.discover()
+    return (
+        f"queues on {admin.where}: {', '.join(found)}" if found else f"no queues on {admin.where}"
+    )
+
+
+def need_queue(admin: Admin, queue: str | None, *, new: bool = False) -> str:
+    """The --queue a command acts on; without one, say which queues exist. A queue no
+    process has written is refused the same way, unless the command may begin it (``new``:
+    it writes, as schedule and reshard do, or sets controls, which may precede any task)."""
     if queue:
         try:
-            return admin.queue(queue).name
+            name = admin.queue(queue).name
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--queue") from None
-    found = admin.discover()
-    hint = f" (queues on {admin.where}: {', '.join(found)})" if found else ""
-    raise click.UsageError(f"no queue given: pass --queue NAME or set ${QUEUE_ENV}{hint}")
+        if not new:
+            known_queues(admin, (name,), flag=False)
+        return name
+    raise click.UsageError(
+        f"no queue given: pass --queue NAME or set ${QUEUE_ENV} ({_found(admin)})"
+    )
+
+
+def known_queues(
+    admin: Admin, queues: tuple[str, ...], allow_empty: bool = False, *, flag: bool = True
+) -> None:
+    """Refuse the --queue names that no process has written (no producer has scheduled on
+    them and no worker has started on them): a typo in a probe would otherwise check an
+    empty queue and pass. ``allow_empty`` (``--allow-empty``) takes them as empty; ``flag``:
+    the command has that option, and the message offers it."""
+    if allow_empty:
+        return
+    missing = [q for q in queues if not admin.exists(q)]
+    if missing:
+        names = ", ".join(repr(q) for q in missing)
+        fix = "Check the name" + (
+            ", or pass --allow-empty for a queue a new deploy has not used yet" if flag else ""
+        )
+        raise click.BadParameter(
+            f"no queue {names} on {admin.where}: nothing has been scheduled on it and no "
+            f"worker has started on it ({_found(admin)}). {fix}",
+            param_hint="--queue",
+        )
 
 
 def duration(text: str | None, what: str) -> float | None:
@@ -153,3 +207,29 @@ def duration(text: str | None, what: str) -> float | None:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def browsable(base: str) -> list[str]:
+    """URLs a browser can open for a server at ``base`` (``http://host:port``): itself, but
+    for a wildcard address (``--host 0.0.0.0`` or ``::``), which no browser can open, this
+    machine's loopback address and then its host name, for other machines."""
+    head, _, port = base.rpartition(":")
+    host = head.removeprefix("http://")
+    if host not in ("0.0.0.0", "[::]"):
+        return [base]
+    loopback = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
+    return [f"http://{loopback}:{port}", f"http://{socket.gethostname()}:{port}"]
+
+
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level``, as text or JSON lines (``--log-format``)."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from delayq.logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+        )
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])

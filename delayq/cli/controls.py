@@ -52,7 +52,7 @@ def limit(
     if clear and (rate or burst is not None):
         raise click.UsageError("--clear takes no RATE or --burst")
     with connect(url) as admin:
-        q = admin.queue(need_queue(admin, queue))
+        q = admin.queue(need_queue(admin, queue, new=True))
         if clear:
             q.clear_rate_limit()
         elif rate is not None:
@@ -76,7 +76,7 @@ def pause(queue: str | None, url: str | None, as_json: bool) -> None:
     back. Periodic tasks that fall due meanwhile follow their catch-up policy at resume.
     """
     with connect(url) as admin:
-        q = admin.queue(need_queue(admin, queue))
+        q = admin.queue(need_queue(admin, queue, new=True))
         q.pause()
         _show(q.name, q.controls(), as_json)
 
@@ -88,6 +88,6 @@ def pause(queue: str | None, url: str | None, as_json: bool) -> None:
 def resume(queue: str | None, url: str | None, as_json: bool) -> None:
     """Let workers claim the queue's tasks again (idle workers hear of it at once)."""
     with connect(url) as admin:
-        q = admin.queue(need_queue(admin, queue))
+        q = admin.queue(need_queue(admin, queue, new=True))
         q.resume()
         _show(q.name, q.controls(), as_json)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Callable
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +16,7 @@ from delayq.admin.present import first_line
 from delayq.cli.common import (
     IDS_MAY_START_WITH_DASH,
     connect,
+    console,
     duration,
     echo_json,
     json_option,
@@ -90,7 +91,7 @@ def dead_ls(
             str(t.attempts),
             Text(first_line(t.last_error) or "-"),
         )
-    Console().print(table)
+    console().print(table)
     if following is not None:
         click.echo(f"more with --after {shlex.quote(following)}")
     elif offset and offset + len(tasks) < total:
@@ -115,7 +116,7 @@ def _bulk(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     ]
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+    with Progress(*columns, console=console(stderr=True), transient=False) as bar:
         job = bar.add_task(verb, total=count)
         return work(lambda n: bar.advance(job, n))
 
@@ -159,10 +160,7 @@ def dead_replay(
             n = _bulk("replaying", q, count, as_json, lambda p: operate.replay_dead(q, target, p))
         except InvalidTaskError as e:
             raise click.BadParameter(str(e), param_hint="ID") from None
-    if as_json:
-        echo_json({"queue": q.name, "replayed": n})
-    else:
-        click.echo(f"replayed {n} task(s) of {q.name}")
+    _done("replayed", q.name, n, target, as_json)
 
 
 @dead.command("purge", context_settings=IDS_MAY_START_WITH_DASH)
@@ -209,7 +207,26 @@ def dead_purge(
             )
         except InvalidTaskError as e:
             raise click.BadParameter(str(e), param_hint="ID") from None
+    _done("purged", q.name, n, target, as_json)
+
+
+def _done(verb: str, name: str, n: int, target: list[str] | None, as_json: bool) -> None:
+    """Report a replay or purge; exit 1 when ids were given and some were not dead, as
+    ``task cancel`` does for an id that is not waiting (docs/operations-cli.md, exit codes)."""
+    asked = len(set(target)) if target is not None else None
+    ok = asked is None or n == asked
     if as_json:
-        echo_json({"queue": q.name, "purged": n})
+        out: dict[str, object] = {"queue": name, verb: n}
+        if asked is not None:
+            out |= {"asked": asked, "ok": ok}
+        echo_json(out)
+    elif ok:
+        click.echo(f"{verb} {n} task(s) of {name}")
     else:
-        click.echo(f"purged {n} task(s) of {q.name}")
+        click.echo(
+            f"{verb} {n} of the {asked} task(s) given: the others are not dead tasks of "
+            f"{name} (delayq task show ID says where they are)",
+            err=True,
+        )
+    if not ok:
+        sys.exit(1)

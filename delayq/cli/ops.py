@@ -11,18 +11,23 @@ import click
 from delayq.admin import operate
 from delayq.admin.inspect import QueueOverview
 from delayq.cli.common import (
+    allow_empty_option,
+    browsable,
     connect,
     duration,
     echo_json,
     json_option,
+    known_queues,
     need_queue,
     queue_option,
     queues_option,
     safe,
     url_option,
 )
+from delayq.cli.web import checked_token, limits_options
 from delayq.errors import MissingExtra
 from delayq.keys import MAX_SHARDS
+from delayq.web.serve import Limits
 
 # -- check ------------------------------------------------------------------------------------
 
@@ -82,6 +87,7 @@ def _checks(
     show_default=True,
     help="Fail when fewer live workers serve a queue.",
 )
+@allow_empty_option
 @url_option
 @json_option
 def check(
@@ -89,6 +95,7 @@ def check(
     max_overdue: str,
     max_dead: int | None,
     min_workers: int,
+    allow_empty: bool,
     url: str | None,
     as_json: bool,
 ) -> None:
@@ -97,15 +104,25 @@ def check(
     Checks that Redis answers and runs delayq's scripts, and for each queue (--queue, or
     every queue found) that no due task has waited longer than --max-overdue (workers keep
     up), that at least --min-workers workers are alive, and with --max-dead that the dead
-    set is no larger than that. Unreachable Redis exits 1 too; a usage error exits 2.
+    set is no larger than that. Unreachable Redis exits 1 too. A --queue that no process
+    has written (a typo), or no queue at all on the server, exits 2 with the queues there
+    are, unless --allow-empty (a new deploy): then it is checked as an empty queue.
     """
     overdue = duration(max_overdue, "--max-overdue") or 0.0
     try:
         with connect(url, queues) as admin:
+            known_queues(admin, queues, allow_empty)
             results = [
                 c for ov in admin.overviews() for c in _checks(ov, overdue, max_dead, min_workers)
             ]
             where = admin.where
+            if not results and not allow_empty:
+                raise click.UsageError(
+                    f"no queues on {where}: nothing to check. Pass --queue NAME, or "
+                    "--allow-empty for a new deploy whose workers have not started yet"
+                )
+    except click.UsageError:
+        raise
     except click.ClickException as e:
         if as_json:
             echo_json({"ok": False, "error": e.message, "checks": []})
@@ -148,6 +165,7 @@ def check(
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@limits_options
 def dashboard(
     url: str | None,
     queues: tuple[str, ...],
@@ -156,6 +174,7 @@ def dashboard(
     token: str | None,
     read_only: bool,
     log_level: str,
+    limits: Limits,
 ) -> None:
     """Serve the web dashboard and /metrics (token required; 127.0.0.1 unless --host).
 
@@ -163,13 +182,17 @@ def dashboard(
     """
     try:
         from delayq.dashboard import bind, serve
+        from delayq.dashboard.auth import MIN_TOKEN
     except MissingExtra as e:
         raise click.ClickException(str(e)) from None
 
     generated = not token
-    token = token or secrets.token_urlsafe(24)
-    if len(token) < 8:
-        raise click.BadParameter("use at least 8 characters", param_hint="--token")
+    token = checked_token(
+        token or secrets.token_urlsafe(24),
+        least=MIN_TOKEN,
+        what="the dashboard token",
+        param_hint="--token",
+    )
     with connect(url, queues) as admin:
         admin.ping()
         try:
@@ -183,16 +206,19 @@ def dashboard(
             log_level=log_level,
             announce=lambda base: _announce(base, token, generated, read_only, admin.where),
             sock=sock,
+            limits=limits,
         )
 
 
 def _announce(base: str, token: str, generated: bool, read_only: bool, where: str) -> None:
     mode = " (read-only)" if read_only else ""
     click.echo(f"delayq dashboard{mode} for {where}")
-    if generated:
-        click.echo(f"open {base}/?token={token}")
-    else:
-        click.echo(f"open {base}/?token=<your token>  (or send Authorization: Bearer <token>)")
+    here, *elsewhere = browsable(base)
+    shown = token if generated else "<your token>"
+    bearer = "" if generated else "  (or send Authorization: Bearer <token>)"
+    click.echo(f"open {here}/?token={shown}{bearer}")
+    for url in elsewhere:
+        click.echo(f"  from another machine: {url}/?token={shown}")
     if not base.startswith(("http://127.", "http://[::1]", "http://localhost")):
         click.echo(
             "warning: listening beyond this machine; put TLS in front (a reverse proxy) so "
@@ -224,7 +250,7 @@ def reshard(queue: str | None, shards: int, url: str | None, as_json: bool) -> N
     queue while it moves are refused; run the command again to finish a move cut short.
     """
     with connect(url) as admin:
-        name = need_queue(admin, queue)
+        name = need_queue(admin, queue, new=True)
         result = operate.reshard(admin, name, shards)
     if as_json:
         echo_json(

@@ -39,9 +39,9 @@ from opentelemetry import context as otel_context  # noqa: E402
 from opentelemetry import propagate, trace  # noqa: E402
 from opentelemetry.trace import SpanKind, Status, StatusCode  # noqa: E402
 
-from delayq.core import TaskSpec  # noqa: E402
 from delayq.errors import Defer, Discard, Fail, Retry  # noqa: E402
 from delayq.queue import AsyncQueue, Queue  # noqa: E402
+from delayq.spec import TaskSpec  # noqa: E402
 from delayq.task import Task  # noqa: E402
 
 __all__ = ["instrument", "is_instrumented", "uninstrument"]

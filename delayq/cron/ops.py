@@ -1,5 +1,6 @@
 """Script calls of periodic schedules, what is stored about each, and the plan of a worker's
-start-up pass. Pure: no I/O (the worker and the CLI run these through a runner).
+start-up pass. Pure: no I/O (the worker and the CLI run these through a runner). Reading
+the stored schedules is ``facade.py``'s (the producer's ``queue.schedules()``).
 
 Each schedule has one JSON entry in the queue's ``cron`` hash: its definition (``kind``,
 ``spec``, ``tz``, ``catch_up``, ``max_running``, ``sig``), the pending occurrence (``next``,
@@ -14,66 +15,24 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from delayq.core import Op, QueueCore, TaskSpec, as_bytes, as_str
+from delayq.core import Op, QueueCore
+from delayq.cron.facade import CronState, Stored, ms_of
 from delayq.cron.schedules import KIND_PREFIX, CronTiming, Decision, Schedule
+from delayq.info import as_str
 from delayq.scripts import SCRIPTS, Arg
+from delayq.spec import TaskSpec
 from delayq.text import escape
-from delayq.timing import ms_to_datetime
 
-# cron_read's reply as cron/read.lua declares it, checked once against the names read below.
-_READ = SCRIPTS["cron_read"].reply
-_READ.require_row("name", "meta", "state", "score")
-_READ_NOW = _READ.at("now")
 _SYNC = SCRIPTS["cron_sync"].reply
 _SYNC.require_row("applied")
 
-READ_LIMIT = 10_000  # schedules per queue read in one call
 ERROR_CHARS = 500  # of the last error kept in the metadata
 
 
 def _encode(meta: dict[str, Any]) -> str:
     return json.dumps(meta, separators=(",", ":"), sort_keys=True)
-
-
-def _ms(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A schedule's entry as read: the exact bytes (for compare-and-set), their decoding
-    (empty if undecodable), and where its pending occurrence is."""
-
-    name: str
-    raw: bytes
-    data: dict[str, Any]
-    next_state: str  # scheduled, active, done, dead, aborted, or "" (gone)
-
-
-@dataclass(frozen=True)
-class CronState:
-    now_ms: int
-    schedules: dict[str, Stored]
-
-
-def read(core: QueueCore, *, limit: int = READ_LIMIT, now_ms: int | None = None) -> Op[CronState]:
-    def parse(r: Any) -> CronState:
-        stored = {}
-        for name_b, meta, state, _score in _READ.rows(r):
-            name, raw = as_str(name_b), as_bytes(meta)
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = {}
-            if not isinstance(data, dict):
-                data = {}
-            stored[name] = Stored(name, raw, data, as_str(state))
-        return CronState(int(r[_READ_NOW]), stored)
-
-    return core.op("cron_read", {"now": core.now_arg(now_ms), "limit": limit}, [], parse)
 
 
 def definition(sched: Schedule) -> dict[str, Any]:
@@ -207,7 +166,7 @@ def _plan_own(
     expect = st.raw if st is not None else b""
     data = st.data if st is not None else {}
     defn = definition(sched)
-    pending = _ms(data.get("next"))
+    pending = ms_of(data.get("next"))
     if pending is None or not isinstance(data.get("next_id"), str):
         first = sched.next_after(now)
         meta = {**defn, "next": first, "next_id": sched.occurrence_id(first), "seen": now}
@@ -236,7 +195,7 @@ def _plan_own(
     if data.get("parked") is not None:
         meta.pop("parked", None)
         return Change(sched.name, expect, meta)
-    seen = _ms(data.get("seen")) or 0
+    seen = ms_of(data.get("seen")) or 0
     if startup or now - seen > orphan_grace_ms // 4:
         return Change(sched.name, expect, meta)
     return None
@@ -248,76 +207,13 @@ def _plan_orphan(
     data = st.data
     if data.get("kind", KIND_PREFIX + st.name) in live_kinds:
         return None
-    if now - (_ms(data.get("seen")) or 0) < orphan_grace_ms:
+    if now - (ms_of(data.get("seen")) or 0) < orphan_grace_ms:
         return None
     next_id = data.get("next_id")
     cancel = next_id if isinstance(next_id, str) and st.next_state == "scheduled" else ""
-    parked = _ms(data.get("parked"))
+    parked = ms_of(data.get("parked"))
     if parked is None:
         return Change(st.name, st.raw, {**data, "parked": now}, cancel=cancel)
     if now - parked > forget_after_ms:
         return Change(st.name, st.raw, None, cancel=cancel)
     return None
-
-
-# -- inspection --------------------------------------------------------------------------------
-
-
-def _dt(value: Any) -> datetime | None:
-    ms = _ms(value)
-    return ms_to_datetime(ms) if ms is not None else None
-
-
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """A schedule as ``delayq cron list`` shows it."""
-
-    name: str
-    spec: str
-    tz: str | None
-    catch_up: str
-    max_running: int
-    next_at: datetime | None
-    next_state: str  # scheduled / active (pending), or "" / done / dead / aborted (repaired soon)
-    last_at: datetime | None  # the occurrence time of the last run
-    last_started: datetime | None
-    last_finished: datetime | None
-    last_status: str | None  # running, succeeded, retrying, discarded, dead
-    last_error: str | None
-    running: int
-    skipped: int
-    parked_since: datetime | None
-    seen: datetime | None
-
-    @classmethod
-    def of(cls, st: Stored) -> ScheduleInfo:
-        d = st.data
-        running = d.get("running")
-        return cls(
-            name=st.name,
-            spec=str(d.get("spec", "?")),
-            tz=str(d["tz"]) if "tz" in d else None,
-            catch_up=str(d.get("catch_up", "?")),
-            max_running=_ms(d.get("max_running")) or 0,
-            next_at=_dt(d.get("next")),
-            next_state=st.next_state,
-            last_at=_dt(d.get("last")),
-            last_started=_dt(d.get("last_start")),
-            last_finished=_dt(d.get("last_end")),
-            last_status=str(d["last_status"]) if "last_status" in d else None,
-            last_error=str(d["last_error"]) if "last_error" in d else None,
-            running=len(running) if isinstance(running, dict) else 0,
-            skipped=_ms(d.get("skipped")) or 0,
-            parked_since=_dt(d.get("parked")),
-            seen=_dt(d.get("seen")),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in self.__dict__.items():
-            out[key] = value.isoformat() if isinstance(value, datetime) else value
-        return out
-
-
-def schedules(state: CronState) -> list[ScheduleInfo]:
-    return [ScheduleInfo.of(state.schedules[n]) for n in sorted(state.schedules)]

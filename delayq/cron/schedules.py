@@ -370,6 +370,9 @@ def cron_schedule(
     return Schedule(name, timing, *_options(catch_up, max_running, misfire_grace, catch_up_limit))
 
 
+UNIT_S = {"seconds": 1, "minutes": 60, "hours": 3600}
+
+
 def interval_ms(
     interval: float | timedelta | None = None,
     *,
@@ -386,8 +389,14 @@ def interval_ms(
             "every(hours=1, minutes=30) or every(timedelta(minutes=5))"
         )
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConfigurationError(f"every({key}=...) must be a number >= 0, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value <= MAX_DELAY_S  # (NaN fails both; inf the second)
+        ):
+            raise ConfigurationError(
+                f"every({key}=...) must be a number from 0 to ten years, got {value!r}"
+            )
     if interval is not None:
         if isinstance(interval, bool) or not isinstance(interval, int | float | timedelta):
             raise ConfigurationError(
@@ -395,9 +404,13 @@ def interval_ms(
             )
         total = interval.total_seconds() if isinstance(interval, timedelta) else interval
     else:
-        total = timedelta(**given).total_seconds()
+        total = sum(v * UNIT_S[k] for k, v in given.items())
+    if not MIN_INTERVAL_MS <= total * 1000 <= MAX_DELAY_S * 1000:  # (NaN and inf too)
+        raise ConfigurationError(
+            f"every() interval of {total} s: use whole milliseconds between 1 second and ten years"
+        )
     ms = round(total * 1000)
-    if not MIN_INTERVAL_MS <= ms <= MAX_DELAY_S * 1000 or abs(ms - total * 1000) > 1e-6:
+    if abs(ms - total * 1000) > 1e-6:
         raise ConfigurationError(
             f"every() interval of {total} s: use whole milliseconds between 1 second and ten years"
         )

@@ -17,8 +17,9 @@ require("dashboard", "the dashboard")
 from delayq.admin.inspect import Admin  # noqa: E402
 from delayq.dashboard.app import create_app  # noqa: E402
 from delayq.listen import base_url, bind  # noqa: E402
+from delayq.web.serve import Limits  # noqa: E402
 
-__all__ = ["bind", "create_app", "serve"]
+__all__ = ["Limits", "base_url", "bind", "create_app", "serve"]
 
 
 def serve(
@@ -31,17 +32,21 @@ def serve(
     log_level: str = "warning",
     announce: Callable[[str], None] | None = None,
     sock: socket.socket | None = None,
+    limits: Limits | None = None,
 ) -> None:
-    """Serve the dashboard with uvicorn until SIGINT/SIGTERM (on ``sock`` if given)."""
-    import uvicorn
+    """Serve the dashboard with uvicorn until SIGINT/SIGTERM (on ``sock`` if given), within
+    ``limits`` (:class:`~delayq.web.serve.Limits`; default: its defaults). ``announce`` is
+    called with the dashboard's URL once it listens."""
+    from delayq.web.serve import serve as serve_app
 
     app = create_app(admin, token=token, read_only=read_only)
-    sock = sock or bind(host, port)
-    if announce is not None:
-        announce(base_url(sock))
     # No access log: the first request's URL carries the token.
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", ws="none")
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
+    serve_app(
+        app,
+        sock=sock or bind(host, port),
+        limits=limits or Limits(),
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        announce=announce,
+    )

@@ -44,7 +44,14 @@ from delayq.admin.present import (
     relative,
     timestamp,
 )
-from delayq.dashboard.auth import CSRF_FIELD, CSRF_HEADER, Secrets, TokenAuth, same_origin
+from delayq.dashboard.auth import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    Secrets,
+    TokenAuth,
+    local_path,
+    same_origin,
+)
 from delayq.dashboard.charts import WINDOWS, lateness_chart, timeline_chart
 from delayq.errors import ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.queue import Queue
@@ -342,14 +349,8 @@ def _paused(q: Queue, pause: bool) -> str:
 
 
 def _back(target: Any, default: str, message: str) -> str:
-    """Where to go after an action: a local path only (never another site)."""
-    if (
-        not isinstance(target, str)
-        or not target.startswith("/")
-        or target.startswith(("//", "/\\"))
-    ):
-        target = default
-    url = URL(target).remove_query_params("msg")
+    """Where to go after an action: a path of this site only (``auth.local_path``)."""
+    url = URL(local_path(target) or default).remove_query_params("msg")
     return str(url.include_query_params(msg=message))
 
 

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from delayq.web.tokens import Token
+
 COOKIE = "delayq_session"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
@@ -44,18 +46,21 @@ def _mac(token: str, purpose: str) -> str:
     ).hexdigest()
 
 
+MIN_TOKEN = 8
+
+
 class Secrets:
-    """The token and what is derived from it."""
+    """The token (checked as the API's is, spaces around it dropped) and what is derived
+    from it."""
 
     def __init__(self, token: str) -> None:
-        if len(token) < 8:
-            raise ValueError("the dashboard token must be at least 8 characters")
-        self.token = token
-        self.session = _mac(token, "session")
-        self.csrf = _mac(token, "csrf")
+        self.checked = Token(token, least=MIN_TOKEN, what="the dashboard token")
+        self.token = self.checked.text
+        self.session = _mac(self.token, "session")
+        self.csrf = _mac(self.token, "csrf")
 
     def is_token(self, value: str | None) -> bool:
-        return value is not None and hmac.compare_digest(value.encode(), self.token.encode())
+        return self.checked.matches(value)
 
     def is_session(self, value: str | None) -> bool:
         return value is not None and hmac.compare_digest(value.encode(), self.session.encode())
@@ -71,6 +76,27 @@ def same_origin(request: Request) -> bool:
     if origin is None or origin == "null":
         return origin is None
     return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+def local_path(target: object) -> str | None:
+    """``target`` if it is a path of this site (``/queues/x?after=...``), else None.
+
+    Only printable ASCII, no space or backslash, is taken, then parsed: browsers drop tabs
+    and newlines anywhere in a URL and controls and spaces around it, and read a backslash
+    as a slash, so ``/\\t/evil.example`` or ``/\\evil.example`` would reach another
+    site; ``urlsplit`` drops the tab as well, after a check for ``//`` has passed. What
+    remains must have no scheme or host and a path that starts with one slash only.
+    """
+    if not isinstance(target, str) or not target.isascii() or not target.isprintable():
+        return None
+    if " " in target or "\\" in target or not target.startswith("/"):
+        return None
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+        return None
+    if parts.path.startswith("//"):
+        return None
+    return target
 
 
 class TokenAuth:
@@ -101,8 +127,7 @@ class TokenAuth:
     def gate(self, scope: Scope) -> Response | None:
         """None to let the request in, else the response that refuses or redirects it."""
         headers = Headers(scope=scope)
-        scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self.secrets.is_token(credentials.strip()):
+        if self.secrets.checked.matches_header(headers.get("authorization")):
             return None
         request = Request(scope)
         if self.secrets.is_session(request.cookies.get(COOKIE)):

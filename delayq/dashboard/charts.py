@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from delayq.admin.inspect import Finished, Timeline
+from delayq.admin.present import human_seconds
 
 WIDTH, HEIGHT, PAD = 720, 150, 18
 
@@ -19,6 +21,10 @@ WINDOWS: dict[str, tuple[float, int]] = {
 
 # Upper bounds (seconds) of the lateness chart's bars; the last bar holds the rest.
 LATENESS_EDGES = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300)
+
+
+# A chart's spans, in their largest unit alone: 300 s is '5m'.
+_span = functools.partial(human_seconds, exact=True)
 
 
 @dataclass(frozen=True)
@@ -39,18 +45,6 @@ class Chart:
     top: int = 0
     width: int = WIDTH
     height: int = HEIGHT + PAD
-
-
-def _span(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    if seconds < 60:
-        return f"{seconds:g}s"
-    if seconds < 3600:
-        return f"{seconds / 60:g}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:g}h"
-    return f"{seconds / 86400:g}d"
 
 
 def _bars(values: list[int], titles: list[str], css: list[str]) -> tuple[list[Bar], int]:

@@ -14,16 +14,17 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from delayq.admin.present import console as make_console
 from delayq.connection import redact
 from delayq.demo import app
 from delayq.demo.shop import Audit, Shop
 from delayq.queue import Queue
 
-console = Console()
+console = make_console()  # piped, the report is laid out as on a wide terminal
 
 
 @dataclass

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayq.codec import JsonCodec, encode_payload, record_prefix
-from delayq.core import Op, QueueCore, new_task_id
+from delayq.codec import JsonCodec, encode_payload, header_end, record_prefix
+from delayq.core import Op, QueueCore
 from delayq.errors import InvalidTaskError
 from delayq.scripts import SCRIPTS, Arg
+from delayq.spec import new_task_id
 from delayq.text import check as check_text
 from delayq.timing import Duration, seconds
 
@@ -55,12 +56,12 @@ def ttl_ms(ttl: Duration) -> int:
     return max(round(s * 1000), 1)
 
 
+_PREFIX = record_prefix(EXPIRE_KIND, max_attempts=0, fmt="json")
+
+
 def _header(core: QueueCore) -> bytes:
-    return (
-        record_prefix(EXPIRE_KIND, max_attempts=0, fmt="json")
-        + str(core.wall_ms()).encode()
-        + b"}\n"
-    )
+    """A watched key's record's header line (its payload, JSON, follows)."""
+    return _PREFIX + header_end(str(core.wall_ms()).encode())
 
 
 def task_id_for(key: str) -> str:

@@ -9,6 +9,7 @@ keys over HTTP, with a bearer token. It needs the ``http`` extra (``pip install
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from delayq.extras import require
 
@@ -17,8 +18,9 @@ require("http", "the HTTP API")
 from delayq.http.app import Api, create_app  # noqa: E402
 from delayq.http.openapi import document  # noqa: E402
 from delayq.listen import base_url, bind  # noqa: E402
+from delayq.web.serve import Limits  # noqa: E402
 
-__all__ = ["Api", "base_url", "bind", "create_app", "document", "serve"]
+__all__ = ["Api", "Limits", "base_url", "bind", "create_app", "document", "serve"]
 
 
 def serve(
@@ -29,17 +31,23 @@ def serve(
     queues: list[str] | None = None,
     log_level: str = "warning",
     access_log: bool = False,
+    limits: Limits | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve the API with uvicorn on ``sock`` (see :func:`bind`) until SIGINT/SIGTERM."""
-    import uvicorn
+    """Serve the API with uvicorn on ``sock`` (see :func:`bind`) until SIGINT/SIGTERM,
+    within ``limits`` (:class:`~delayq.web.serve.Limits`; default: its defaults).
+    ``announce`` is called with the API's URL once it listens."""
+    from delayq.web.serve import serve as serve_app
 
     # The API itself, without the Starlette app around it (which only hands requests on:
-    # a tenth of a small request's cost).
+    # docs/architecture.md says what it would cost).
     api = create_app(url, token=token, queues=queues).state.api
-    config = uvicorn.Config(
-        api, log_level=log_level, access_log=access_log, lifespan="on", ws="none"
+    serve_app(
+        api,
+        sock=sock,
+        limits=limits or Limits(),
+        log_level=log_level,
+        access_log=access_log,
+        lifespan="on",
+        announce=announce,
     )
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()

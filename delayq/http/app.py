@@ -7,7 +7,6 @@ Routing on the raw path and reading bodies with a cap are in ``wire.py``.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -21,8 +20,13 @@ from starlette.types import Receive, Scope, Send
 from delayq.admin.inspect import overview_of, overview_ops
 from delayq.admin.present import task_dict
 from delayq.connection import RETRIES, async_client, resolve_url
-from delayq.core import TaskSpec, new_task_ids, validate_task_id
-from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError, InvalidTaskError
+from delayq.errors import (
+    ConfigurationError,
+    ConnectionFailed,
+    DelayqError,
+    InvalidTaskError,
+    PayloadTooLarge,
+)
 from delayq.expiring.ops import validate_key
 from delayq.http import schemas, wire
 from delayq.http.coalesce import Coalescer
@@ -32,7 +36,9 @@ from delayq.http.queues import Queues, protocol_version
 from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
+from delayq.spec import TaskSpec, new_task_ids, validate_task_id
 from delayq.task import Scheduled, TaskInfo
+from delayq.web.tokens import Token
 
 log = logging.getLogger("delayq.http")
 
@@ -51,14 +57,14 @@ class Api:
     def __init__(
         self,
         queues: Queues,
-        token: str,
+        token: str | Token,
         *,
         max_body: int = MAX_BODY,
         max_batch_body: int = MAX_BATCH_BODY,
     ) -> None:
         self.queues = queues
         self.coalescer = Coalescer()
-        self._token = token.encode()
+        self._token = token if isinstance(token, Token) else _token(token)
         self.max_body = max_body
         self.max_batch_body = max_batch_body
         self._openapi = wire.encode(document())
@@ -115,7 +121,9 @@ class Api:
         if reply.headers:
             headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
+        # HEAD: the GET's headers (its Content-Length too), without the body (RFC 9110 9.3.2).
+        body = b"" if scope["method"] == "HEAD" else reply.body
+        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
     def problem(p: Problem) -> Reply:
@@ -134,9 +142,10 @@ class Api:
             params = wire.match(pattern, segments)
             if params is None:
                 continue
-            handler = methods.get(scope["method"])
+            method = scope["method"]
+            handler = methods.get("GET" if method == "HEAD" else method)
             if handler is None:
-                allowed = ", ".join(methods)
+                allowed = ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
                 raise Problem(
                     "method-not-allowed",
                     f"{scope['method']} is not allowed on {scope['path']}: use {allowed}",
@@ -165,8 +174,7 @@ class Api:
                 "API was started with (delayq api --token or --token-file)",
                 headers={"www-authenticate": 'Bearer realm="delayq"'},
             )
-        scheme, _, credentials = given.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self._token):
+        if not self._token.matches_header(given):
             raise Problem(
                 "unauthorized",
                 "wrong token: send 'Authorization: Bearer TOKEN' with the token the API was "
@@ -259,13 +267,7 @@ class Api:
             try:
                 done = await q.schedule_many(specs, replace=replace, durable=durable)
             except InvalidTaskError as e:  # a payload: find every one refused, by index
-                errors = []
-                for i, spec in enumerate(specs):
-                    try:
-                        q.core.encode_tasks([spec])
-                    except InvalidTaskError as bad:
-                        errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
-                raise invalid(errors or [field_error("/tasks", str(e))]) from None
+                raise _refused_payloads(q, specs, e) from None
             except ConnectionFailed as e:
                 where = {tid: i for i, tid in enumerate(ids)}
                 raise from_error(
@@ -303,7 +305,13 @@ class Api:
         tid = _task_id(request)
         f = schemas.check_fields(request.json(), schemas.RESCHEDULE)
         if "delay" not in f and "at" not in f:
-            raise invalid([field_error("", "send delay (seconds) or at (an RFC 3339 time)")])
+            raise invalid(
+                [
+                    field_error(
+                        "", "send delay (seconds, or a duration: 15m) or at (an RFC 3339 time)"
+                    )
+                ]
+            )
 
         async def work(q: AsyncQueue) -> Reply:
             if await q.reschedule(tid, delay=f.get("delay"), at=f.get("at")):
@@ -429,6 +437,24 @@ async def _results(q: AsyncQueue, done: list[Scheduled], specs: Sequence[TaskSpe
     return out
 
 
+def _refused_payloads(q: AsyncQueue, specs: Sequence[TaskSpec], e: InvalidTaskError) -> Problem:
+    """A batch's payloads refused, each named by its index: 413 if one is over the queue's
+    max_payload (as a single task's is), else 422."""
+    errors: list[dict[str, Any]] = []
+    large: list[str] = []
+    for i, spec in enumerate(specs):
+        try:
+            q.core.encode_tasks([spec])
+        except InvalidTaskError as bad:
+            errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
+            if isinstance(bad, PayloadTooLarge):
+                large.append(f"task {i}'s {bad}")
+    if not large:
+        return invalid(errors or [field_error("/tasks", str(e))])
+    more = f" (and {len(errors) - 1} more: see errors)" if len(errors) > 1 else ""
+    return Problem("too-large", large[0] + more, errors=errors)
+
+
 def _task_id(request: Request) -> str:
     try:
         return validate_task_id(request.params["id"])
@@ -472,6 +498,11 @@ async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
     )
 
 
+def _token(token: object) -> Token:
+    """The API's token, checked (spaces around it dropped: no header can carry them)."""
+    return Token(token, least=MIN_TOKEN, what="the API token")
+
+
 def create_app(
     url: str | None = None,
     *,
@@ -488,7 +519,7 @@ def create_app(
     Args:
         url: Redis URL; default ``DELAYQ_REDIS_URL``, else ``REDIS_URL``, else localhost.
         token: the bearer token every request under /v1 and /readyz must carry (at least
-            16 characters).
+            16 characters; spaces around it are dropped, since no header can carry them).
         client: a ``redis.asyncio`` client (``decode_responses=False``) instead of ``url``;
             the app does not close it.
         prefix: the key prefix of the queues.
@@ -499,18 +530,14 @@ def create_app(
     serves); ``await app.state.api.aclose()`` closes the connections it opened (the app's
     lifespan does so when it is served on its own).
     """
-    if not isinstance(token, str) or len(token) < MIN_TOKEN:
-        raise ConfigurationError(
-            f"the API token must be a string of at least {MIN_TOKEN} characters; make one with "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-        )
+    checked = _token(token)
     owned = client is None
     if client is None:
         client = async_client(resolve_url(url), retries=RETRIES)
     allowed = frozenset(queues) if queues else None
     api = Api(
         Queues(client, prefix=prefix, allowed=allowed),
-        token,
+        checked,
         max_body=max_body,
         max_batch_body=max_batch_body,
     )

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from delayq.core import TaskSpec
+from delayq.base import SCHEDULE_BATCH
 from delayq.errors import InvalidTaskError
-from delayq.queue import SCHEDULE_BATCH, AsyncQueue
+from delayq.queue import AsyncQueue
+from delayq.spec import TaskSpec
 from delayq.task import Scheduled
 
 Key = tuple[AsyncQueue, bool, bool]  # the queue, replace, durable

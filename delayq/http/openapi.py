@@ -270,6 +270,19 @@ _PROBLEM = {
 }
 
 
+_READY_QUEUE = {
+    "name": "queue",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string", "pattern": schemas.QUEUE_PATTERN},
+}
+
+
+def _head(responses: dict[str, Any]) -> dict[str, Any]:
+    """A GET's responses as HEAD answers them: the same status and headers, no body."""
+    return {code: {"description": r["description"]} for code, r in responses.items()}
+
+
 def document() -> dict[str, Any]:
     """The OpenAPI document ``GET /openapi.json`` serves."""
     task_paths = {
@@ -421,7 +434,13 @@ def document() -> dict[str, Any]:
                     )
                 },
                 secured=False,
-            )
+            ),
+            "head": _op(
+                "healthzHead",
+                "The process is up: GET's answer without its body (for probes that send HEAD).",
+                {"200": {"description": "Up."}},
+                secured=False,
+            ),
         },
         "/readyz": {
             "get": _op(
@@ -446,15 +465,14 @@ def document() -> dict[str, Any]:
                     ),
                     **_COMMON,
                 },
-                params=[
-                    {
-                        "name": "queue",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string", "pattern": schemas.QUEUE_PATTERN},
-                    }
-                ],
-            )
+                params=[_READY_QUEUE],
+            ),
+            "head": _op(
+                "readyzHead",
+                "Ready: GET's answer without its body (for probes that send HEAD).",
+                {"200": {"description": "Ready."}, **_head(_COMMON)},
+                params=[_READY_QUEUE],
+            ),
         },
         "/openapi.json": {
             "get": _op(

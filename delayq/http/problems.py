@@ -1,14 +1,14 @@
-"""Errors as RFC 9457 problem details (``application/problem+json``).
+"""The API's problems: validation errors and what the Python API's exceptions mean.
 
-Every refusal the API makes is a :class:`Problem`: a type, a title, the status, a ``detail``
-that names the fix, and for validation errors an ``errors`` list (a JSON pointer into the
-request body and a detail each; a batch's entries also carry their ``index``). The
-exceptions of the Python API map to problems in one place, :func:`from_error`.
+Every refusal the API makes is a :class:`~delayq.web.problems.Problem` (RFC 9457, shared
+with the dashboard's serving layer): a type, a title, the status, a ``detail`` that names
+the fix, and for validation errors an ``errors`` list (a JSON pointer into the request body
+and a detail each; a batch's entries also carry their ``index``). The exceptions of the
+Python API map to problems in one place, :func:`from_error`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from delayq.errors import (
@@ -19,59 +19,18 @@ from delayq.errors import (
     PayloadTooLarge,
     ProtocolVersionError,
 )
+from delayq.web.problems import MEDIA_TYPE, TYPE_BASE, TYPES, Problem
 
-MEDIA_TYPE = "application/problem+json"
-TYPE_BASE = "urn:delayq:problem:"
-
-# type name -> (status, title); the OpenAPI document lists the same table.
-TYPES: dict[str, tuple[int, str]] = {
-    "unauthorized": (401, "Missing or wrong token"),
-    "not-found": (404, "Not found"),
-    "method-not-allowed": (405, "Method not allowed"),
-    "conflict": (409, "Conflict with the task's state"),
-    "too-large": (413, "Request too large"),
-    "unsupported-media-type": (415, "Unsupported media type"),
-    "invalid": (422, "Invalid request"),
-    "internal": (500, "Internal error"),
-    "unavailable": (503, "Redis unavailable"),
-    "not-durable": (503, "Durability not confirmed"),
-}
-
-
-class Problem(Exception):
-    """A refusal, raised anywhere in a request and answered as problem+json."""
-
-    def __init__(
-        self,
-        name: str,
-        detail: str,
-        *,
-        errors: list[dict[str, Any]] | None = None,
-        headers: dict[str, str] | None = None,
-        **extra: Any,
-    ) -> None:
-        super().__init__(detail)
-        self.status, self.title = TYPES[name]
-        self.name = name
-        self.detail = detail
-        self.errors = errors
-        self.headers = headers or {}
-        self.extra = extra
-
-    def body(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "type": TYPE_BASE + self.name,
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-        }
-        if self.errors is not None:
-            doc["errors"] = self.errors
-        doc.update(self.extra)
-        return doc
-
-    def encode(self) -> bytes:
-        return json.dumps(self.body()).encode()
+__all__ = [
+    "MEDIA_TYPE",
+    "TYPES",
+    "TYPE_BASE",
+    "Problem",
+    "field_error",
+    "from_error",
+    "invalid",
+    "unavailable",
+]
 
 
 def invalid(errors: list[dict[str, Any]]) -> Problem:

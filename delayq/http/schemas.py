@@ -16,7 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from delayq.codec import MAX_HEADERS, encode_headers
-from delayq.core import (
+from delayq.errors import InvalidTaskError
+from delayq.expiring.ops import MAX_KEY_LEN, ttl_ms
+from delayq.http.problems import field_error, invalid
+from delayq.spec import (
     MAX_ATTEMPTS,
     MAX_ID_LEN,
     MAX_KIND_LEN,
@@ -26,10 +29,7 @@ from delayq.core import (
     validate_max_attempts,
     validate_task_id,
 )
-from delayq.errors import InvalidTaskError
-from delayq.expiring.ops import MAX_KEY_LEN, ttl_ms
-from delayq.http.problems import field_error, invalid
-from delayq.timing import MAX_DELAY_S, at_ms, seconds
+from delayq.timing import MAX_DELAY_S, at_ms, parse_duration, seconds
 
 MAX_BATCH = 1000
 NO_CONTROL = "^[^\\u0000-\\u001f]+$"  # JSON Schema's spelling of "no control characters"
@@ -97,13 +97,20 @@ def _at(value: str) -> datetime:
     return when
 
 
-def _delay(value: float) -> float:
-    return seconds(value, "delay")
+def _duration(value: float | str) -> float:
+    """Seconds, or a duration as the CLI writes it (``90s``, ``15m``, ``2h``, ``1d``,
+    ``250ms``), read by the CLI's own parser (its errors too)."""
+    return parse_duration(value) if isinstance(value, str) else value
 
 
-def _ttl(value: float) -> float:
-    ttl_ms(value)  # at least 1 ms, as the Python API checks it
-    return seconds(value, "ttl")
+def _delay(value: float | str) -> float:
+    return seconds(_duration(value), "delay")
+
+
+def _ttl(value: float | str) -> float:
+    ttl = _duration(value)
+    ttl_ms(ttl)  # at least 1 ms, as the Python API checks it
+    return seconds(ttl, "ttl")
 
 
 def _headers(value: dict[str, Any]) -> dict[str, str]:
@@ -122,15 +129,17 @@ class Field:
     required: bool = False
 
     @property
-    def json_type(self) -> str | None:
+    def json_types(self) -> tuple[str, ...]:
+        """The JSON types the field takes (none: any)."""
         t = self.schema.get("type")
-        return t if isinstance(t, str) else None
+        return (t,) if isinstance(t, str) else tuple(t or ())
 
     @property
     def types(self) -> tuple[type, ...] | None:
-        """The Python types json.loads gives for the JSON type (None: any)."""
-        t = self.json_type
-        return _PYTHON_TYPES[t] if t is not None else None
+        """The Python types json.loads gives for the JSON types (None: any)."""
+        if not self.json_types:
+            return None
+        return tuple(p for t in self.json_types for p in _PYTHON_TYPES[t])
 
 
 class Body:
@@ -173,13 +182,24 @@ PAYLOAD = Field(
         "the queue's max_payload (64 KiB) encoded."
     },
 )
+# Durations as the CLI writes them, read by its parser (timing.parse_duration): a number
+# and a unit (ms, s, m, h, d; none: seconds). The pattern documents the common forms, whole
+# numbers under about three years whatever the unit (so that whatever it allows is taken,
+# as a schema-driven client or test expects); the API also takes fractions, spaces and up
+# to ten years, as the CLI does.
+DURATION_PATTERN = (
+    "^([1-9][0-9]{0,10}ms|[1-9][0-9]{0,7}s?|[1-9][0-9]{0,5}m|[1-9][0-9]{0,3}h|[1-9][0-9]{0,2}d)$"
+)
 DELAY = Field(
     "delay",
     {
-        "type": "number",
+        "type": ["number", "string"],
         "minimum": 0,
         "maximum": MAX_DELAY_S,
-        "description": "Seconds from now (on the Redis server's clock). Not with `at`.",
+        "pattern": DURATION_PATTERN,
+        "description": "Seconds from now (on the Redis server's clock), or a duration as "
+        "`delayq schedule --delay` takes it: `90s`, `15m`, `2h`, `1d`, `250ms`, `1.5h` (a "
+        "number alone is seconds). At most ten years. Not with `at`.",
     },
     _delay,
 )
@@ -246,10 +266,12 @@ HEADERS = Field(
 TTL = Field(
     "ttl",
     {
-        "type": "number",
+        "type": ["number", "string"],
         "minimum": 0.001,
         "maximum": MAX_DELAY_S,
-        "description": "Seconds until the key expires (at least 0.001).",
+        "pattern": DURATION_PATTERN,
+        "description": "Seconds until the key expires (at least 0.001), or a duration as "
+        "for `delay`: `30m`, `1d`.",
     },
     _ttl,
     required=True,
@@ -302,11 +324,12 @@ def parse_json(body: bytes) -> Any:
 
 
 def _type_error(f: Field, value: Any) -> str:
-    t = f.json_type or "?"
+    names = f.json_types or ("?",)
     got = _JSON_TYPES.get(type(value), type(value).__name__)
-    if t == "integer" and isinstance(value, float):
+    if names == ("integer",) and isinstance(value, float):
         got = f"the fraction {value!r}"
-    return f"{f.name} must be {'an' if t[0] in 'aeiou' else 'a'} {t}, got {got}"
+    want = " or ".join(f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in names)
+    return f"{f.name} must be {want}, got {got}"
 
 
 def read_fields(
@@ -358,7 +381,7 @@ def _value(
     """One field's value, checked (InvalidTaskError saying what is wrong)."""
     f, types, check = entry
     if types is not None and type(value) not in types:
-        if f.json_type == "integer" and _whole(value):
+        if types == (int,) and _whole(value):
             value = int(value)  # 3.0 is an integer in JSON
         else:
             raise InvalidTaskError(_type_error(f, value))
@@ -466,6 +489,13 @@ _TASK_TYPES = {name: types for name, (_, types, _) in BATCH_TASK.by_name.items()
 _BATCH_KEYS = frozenset(BATCH.by_name)
 
 
+def _once(cache: dict[str, Any], text: str, read: Callable[[str], Any]) -> Any:
+    """``read(text)``, read once per text (InvalidTaskError as ``read`` raises it)."""
+    if text not in cache:
+        cache[text] = read(text)
+    return cache[text]
+
+
 def _batch_specs(data: Any) -> tuple[list[CheckedSpec], bool, bool] | None:
     """The batch of a well-formed body: each task's JSON types looked at and its values
     checked once, by CheckedSpec.many (the checks read_fields makes field by field); None at the
@@ -481,7 +511,8 @@ def _batch_specs(data: Any) -> tuple[list[CheckedSpec], bool, bool] | None:
         return None
     types = _TASK_TYPES
     rows = []
-    times: dict[str, datetime] = {}  # a batch's tasks repeat their times
+    times: dict[str, Any] = {}  # a batch's tasks repeat their times
+    delays: dict[str, Any] = {}  # and their delays
     try:
         for task in tasks:
             if type(task) is not dict or "kind" not in task:
@@ -492,12 +523,15 @@ def _batch_specs(data: Any) -> tuple[list[CheckedSpec], bool, bool] | None:
                     return None
             at = task.get("at")
             if at is not None:
-                at = times.get(at) or times.setdefault(at, _at(at))
+                at = _once(times, at, _at)
+            delay = task.get("delay")
+            if type(delay) is str:
+                delay = _once(delays, delay, _delay)
             rows.append(
                 (
                     task["kind"],
                     task.get("payload"),
-                    task.get("delay"),
+                    delay,
                     at,
                     task.get("id"),
                     task.get("max_attempts", 0),

@@ -120,11 +120,14 @@ def match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | Non
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The body, refused (413) as soon as it is known to be over ``limit``: by its
-    Content-Length before keeping any of it, else once the bytes read pass it. What is left
+    Content-Length before keeping any of it, else once the bytes read pass it. A request
+    whose Content-Type is not JSON is refused (415), and so is a body with no Content-Type
+    (an empty one is let through, to be refused as empty where a body is needed). What is left
     of a refused body is read and dropped (up to DRAIN bytes more), so the client sees the
     413 rather than a reset connection; a body longer still is refused and the connection
     closed."""
     declared = -1
+    media = None
     for name, value in scope["headers"]:
         if name == b"content-length":
             declared = int(value) if value.isdigit() else -1
@@ -139,6 +142,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     if declared > limit:
         drained = declared - limit <= DRAIN and await drain(receive, declared)
         raise too_large(limit, close=not drained)
+    if media is None and declared > 0:
+        raise no_media_type()
     chunks = []
     size = 0
     while True:
@@ -153,7 +158,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             raise too_large(limit, close=not drained)
         chunks.append(chunk)
         if not more:
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if media is None and body:  # (sent without a Content-Length)
+                raise no_media_type()
+            return body
 
 
 async def drain(receive: Receive, budget: int) -> bool:
@@ -166,6 +174,13 @@ async def drain(receive: Receive, budget: int) -> bool:
         if not message.get("more_body", False):
             return budget >= 0
     return False
+
+
+def no_media_type() -> Problem:
+    return Problem(
+        "unsupported-media-type",
+        "the body has no Content-Type: send JSON with the header 'Content-Type: application/json'",
+    )
 
 
 def too_large(limit: int, *, close: bool) -> Problem:

@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from delayq import check, leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
-from delayq.core import QueueCore, as_str
+from delayq.core import QueueCore
 from delayq.errors import ConfigurationError, Defer, Discard, Fail, Retry
 from delayq.expiring.ops import EXPIRE_KIND
+from delayq.info import as_str
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.task import Task, TaskInfo
 from delayq.testing.clock import VirtualClock, ms_of
 from delayq.timing import ms_to_datetime
+from delayq.worker import unreadable
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, outcome_op
 from delayq.worker.threads import HandlerThreads
@@ -224,6 +226,8 @@ class _Drain:
             for core in cores:
                 claim = leasing.claim(core, limit=BATCH, lease_ms=LEASE_MS)
                 result = await runner.run(claim)
+                if result.unreadable:  # another program's rows, not UTF-8: buried at once
+                    await unreadable.bury(runner, core, executor, result.unreadable)
                 due = result.next_due_ms
                 if result.next_token_ms is not None:  # a rate limit holds the rest till then
                     due = max(due or 0, result.next_token_ms)

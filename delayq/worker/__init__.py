@@ -1,8 +1,8 @@
 """The worker runtime.
 
-``Worker`` is imported on first use (``from delayq.worker import Worker`` still works): the
-engine's modules (``delayq.worker.context``, ...) are imported by the features the worker
-itself imports (cron, expiring), so this package must not import the worker eagerly.
+``Worker`` is imported on first use (``from delayq.worker import Worker`` still works), so
+that importing one of the engine's modules (``delayq.worker.context``, ``.registry``, ...),
+as the features in ``features/`` do, does not load the whole worker first.
 """
 
 from __future__ import annotations

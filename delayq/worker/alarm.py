@@ -3,8 +3,8 @@
 asyncio's loop sleeps in ``epoll_wait``, whose timeout is whole milliseconds, rounded up
 (``selectors.EpollSelector``): a timer due in 0.3 ms fires 1 ms from now, so a task started
 from a timer is late by up to a millisecond, half of one on average, whatever the rest of
-delayq does (measured: asyncio timers at random sub-millisecond phases fired at p50 0.74 ms
-late; with this, 0.12 ms; docs/benchmarks.md, "Lateness at the peers' rate").
+delayq does (docs/benchmarks.md, "Lateness at the peers' rate", has the figures with and
+without this).
 
 On Linux, a ``timerfd`` armed at the earliest pending timer's loop time (both are
 ``CLOCK_MONOTONIC``; the timerfd's resolution is the nanosecond) is watched by the loop:
@@ -16,13 +16,13 @@ fire at the loop's granularity.
 
 Waking is not instant either: from the timerfd going off to the loop running takes the
 kernel, and on a virtual machine whose idle CPU has halted, the host, tens to hundreds of
-microseconds (measured here: p50 56-98 us, p90 100-490 us). So for a run's timer
-(``at(when, spin=True)``) the alarm goes off ``SPIN_S`` early, and the loop waits out the
-rest on the CPU: the timer then runs within microseconds of its time (measured in
-isolation: p50 94 us late without, 0 with a 100 us lead). A run's timer that is due and has
-not run yet (a busy loop) is never held up by such a wait, and the waiting is capped at
-``SPIN_SHARE`` of the loop's time, so a worker at high rates does not spend its core
-waiting. Runs report each such timer when it has run or is cancelled (:meth:`ran`).
+microseconds. So for a run's timer (``at(when, spin=True)``) the alarm goes off ``SPIN_S``
+early, and the loop waits out the rest on the CPU: the timer then runs within microseconds
+of its time (docs/benchmarks.md, "Figures behind the worker's constants"). A run's timer
+that is due and has not run yet (a busy loop) is never held up by such a wait, and the
+waiting is capped at ``SPIN_SHARE`` of the loop's time, so a worker at high rates does not
+spend its core waiting. Runs report each such timer when it has run or is cancelled
+(:meth:`ran`).
 """
 
 from __future__ import annotations

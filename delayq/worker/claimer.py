@@ -27,6 +27,7 @@ from delayq.core import QueueCore
 from delayq.errors import DelayqError
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
+from delayq.worker import unreadable
 from delayq.worker.clock import ServerClock
 from delayq.worker.lane import Lane
 from delayq.worker.runs import Runs
@@ -39,12 +40,12 @@ log = logging.getLogger("delayq.worker")
 # claims a second of 5 tasks, rather than 100 of one).
 THROTTLE_STEP_S = 0.05
 # While tasks keep falling due at a source, the next claim is sent this long after the
-# lookahead reached the first task the last one left (at most half the lookahead later).
-# A claim costs the worker a fixed share of CPU however few tasks it brings: sent as soon
-# as the last one had been answered, claims brought a handful of tasks each, and with the
-# result writes spent most of a core (docs/benchmarks.md, the bursts). Not longer: a
-# claim's tasks are set up in one go (a few microseconds each), which holds up timers due
-# meanwhile.
+# lookahead reached the first task the last one left (at most half the lookahead later). A
+# claim costs the worker a fixed share of CPU however few tasks it brings: sent as soon as
+# the last one had been answered, claims brought a handful of tasks each, and with the
+# result writes spent most of a core (docs/benchmarks.md, "Figures behind the worker's
+# constants"). Not longer: a claim's tasks are set up in one go (a few microseconds each),
+# which holds up timers due meanwhile.
 CLAIM_STEP_S = 0.002
 # A look is unprompted when nothing is known due at a source sooner than this past the
 # lookahead; tasks it claims were then announced to nobody (Claimer._announced_to_nobody).
@@ -299,6 +300,8 @@ class Claimer:
                 lane.registration.unsent()
             raise
         self.clock.observe(result.now_us / 1000, sent, self.now())
+        if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
+            await unreadable.bury(self.runner, source.core, lane.executor, result.unreadable)
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self.to_loop(result.next_due_ms)

@@ -12,9 +12,9 @@ Both bounds hold only if "received" is read after the reply arrived. asyncio's o
 reads ``time.monotonic()`` afresh on every ``loop.time()``; uvloop's ``loop.time()`` is the
 time its current pass began, to the millisecond, so it reads too early, and its timers,
 whose delays it rounds to whole milliseconds, fire up to half a millisecond before the
-time asked for (measured: tasks started up to 0.6 ms before their due time, 3,270 of 6,000
-in bench/peers_rate.py). :func:`loop_clock` gives such a loop a fresh reading of the same
-clock and a margin for its timers.
+time asked for (bench/peers_rate.py saw half its tasks start early: docs/benchmarks.md,
+"Where the difference from the table comes from"). :func:`loop_clock` gives such a loop a
+fresh reading of the same clock and a margin for its timers.
 """
 
 from __future__ import annotations

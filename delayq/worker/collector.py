@@ -2,13 +2,13 @@
 
 A full collection (generation 2) walks every object the process holds: the modules, the
 client, the app. Python runs one now and then as objects survive, and it holds the event
-loop the whole time: 13 ms in a worker process of ``bench/worker_proc.py`` (its one full
-pass in a 14 s run of ``bench/run peers_rate``), so the tasks due meanwhile started that
-late. Once a worker is serving, almost all of those objects live as long as the process.
-:func:`freeze_once` collects what is garbage, then moves every object left into the
-collector's permanent generation (``gc.freeze()``), so later passes walk only what was made
-since. It runs once per process: an object frozen and later dropped is never freed, so
-freezing again at every ``serve()`` (a test suite starting many workers) would keep more.
+loop the whole time, for milliseconds in a worker process (docs/benchmarks.md, "A wait on
+the CPU, and a frozen heap"), so the tasks due meanwhile started that late. Once a worker is
+serving, almost all of those objects live as long as the process. :func:`freeze_once`
+collects what is garbage, then moves every object left into the collector's permanent
+generation (``gc.freeze()``), so later passes walk only what was made since. It runs once
+per process: an object frozen and later dropped is never freed, so freezing again at every
+``serve()`` (a test suite starting many workers) would keep more.
 ``Worker(freeze_gc=False)`` leaves the collector alone.
 """
 

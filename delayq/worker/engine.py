@@ -299,7 +299,7 @@ class Engine:
             try:
                 stored = await self.runner.run(unchecked[0].shards.check_op())
             except ConnectionFailed as e:
-                log.warning("cannot read the queue's shard count (%s); retrying", e)
+                log.warning("%s; retrying", e)  # the error says it first: cannot reach Redis
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue

@@ -91,6 +91,7 @@ class Executor:
         # Told of every exception a handler raised, before it is classified (drain()'s
         # raise_errors); None in a serving worker.
         self.on_failure: Callable[[Task, BaseException], None] | None = None
+        self._hooks: set[asyncio.Task[None]] = set()  # on_dead hooks of buried_unread
 
     def emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
         """Tell the listeners (metrics, logs) what became of an attempt of ``claimed``."""
@@ -111,6 +112,18 @@ class Executor:
     ) -> Outcome:
         """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
         and ``exc``, the exception that killed it, with its traceback."""
+        self._dead(claimed, reason, duration, summary, exc)
+        await self._fire_on_dead(task, claimed.id, reason)
+        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
+
+    def _dead(
+        self,
+        claimed: Claimed,
+        reason: str,
+        duration: float | None = None,
+        summary: str | None = None,
+        exc: BaseException | None = None,
+    ) -> None:
         first = reason.splitlines()[0] if reason else ""
         self.emit("dead", claimed, duration=duration, error=first)
         h = claimed.header
@@ -122,8 +135,19 @@ class Executor:
             exc_info=exc,
             extra=log_fields(claimed.id, h.kind, h.attempts, self.queue),
         )
-        await self._fire_on_dead(task, claimed.id, reason)
-        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
+
+    def buried_unread(self, claimed: Claimed, reason: str) -> None:
+        """A claimed row that could not become a task was buried (worker/unreadable.py;
+        ``claimed`` as text): the ERROR record, event and on_dead hooks of any task buried
+        here. The hooks run in a task of their own: they are called from the claim loop,
+        which a slow hook must not hold up."""
+        self._dead(claimed, reason)
+        if self.registry.on_dead:
+            hooks = asyncio.get_running_loop().create_task(
+                self._fire_on_dead(None, claimed.id, reason)
+            )
+            self._hooks.add(hooks)  # (a task the loop alone refers to may be collected)
+            hooks.add_done_callback(self._hooks.discard)
 
     async def _fire_on_dead(self, task: Task | None, task_id: str, reason: str) -> None:
         for hook in self.registry.on_dead:

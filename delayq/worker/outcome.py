@@ -19,10 +19,11 @@ log = logging.getLogger("delayq.worker")
 # A write the server refuses this many times in a row is taken apart (see Finisher).
 REFUSALS_BEFORE_ALONE = 3
 # A write starts at least this long after the one before it began. A write costs the worker
-# about 0.1 ms of CPU however few results it carries: written again as soon as the last one
+# about the same CPU however few results it carries: written again as soon as the last one
 # was answered, writes carried a few results each and took a large share of the worker's
-# core at 10,000 tasks/s (bench/run bursts). So at most 500 writes a second, and a result
-# waits at most this much longer (an idle worker's is written at once).
+# core at burst rates (docs/benchmarks.md, "Figures behind the worker's constants").
+# So at most 500 writes a second, and a result waits at most this much longer (an idle
+# worker's is written at once).
 WRITE_EVERY_S = 0.002
 
 Action = Literal["ack", "discard", "retry", "bury", "release"]

@@ -9,8 +9,8 @@ from typing import Any
 
 from delayq import check
 from delayq.backoff import DEFAULT_BACKOFF, DEFAULT_JITTER, Backoff, validate_backoff
-from delayq.core import MAX_ATTEMPTS, validate_kind
 from delayq.errors import ConfigurationError
+from delayq.spec import MAX_ATTEMPTS, validate_kind
 from delayq.timing import Duration, config_seconds
 
 DEFAULT_MAX_ATTEMPTS = 5

@@ -162,8 +162,9 @@ class Runs:
     def room(self) -> int:
         """How many tasks to claim now. Runs claimed ahead are claimed in batches of a
         quarter of what may be held ahead or more, the next while the rest still waits, so
-        a claim is in flight while handlers run (a half left the loop waiting for replies:
-        docs/benchmarks.md); with only the slots to fill, any free slot is claimed for."""
+        a claim is in flight while handlers run (at a half, the loop sat waiting for replies
+        and drained slower: docs/benchmarks.md, "Figures behind the worker's constants");
+        with only the slots to fill, any free slot is claimed for."""
         if self.concurrency is None:
             return 1
         allowed = self.allowance()

@@ -124,7 +124,7 @@ class Waker:
     def _note(self, data: Any) -> None:
         try:
             due = int(float(data))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (another program's "inf", say)
             self._heard_abort(data)
             return
         if self.hint_ms is None or due < self.hint_ms:

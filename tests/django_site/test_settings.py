@@ -94,7 +94,7 @@ def test_tasks_module_names_another_module(settings: Any) -> None:
 def test_the_worker_gets_every_declaration_of_its_queues() -> None:
     both = dq.make_worker()
     assert [q.name for q in both.queues] == ["default", "emails"]
-    default, emails = both.registries
+    default, emails = (lane.registry for lane in both.lanes)
     assert {"note.add", "note.skip", "note.async_add", "cron:hourly", "cron:nightly"} <= set(
         default.kinds()
     )
@@ -103,7 +103,8 @@ def test_the_worker_gets_every_declaration_of_its_queues() -> None:
     assert default.get("note.add").max_attempts == 2  # type: ignore[union-attr]
     only = dq.make_worker(["emails"])  # manage.py delayq_worker --queue emails
     assert [q.name for q in only.queues] == ["emails"]
-    assert "mail.send" in only.registry.kinds() and "cron:hourly" not in only.registry.kinds()
+    kinds = only.lanes[0].registry.kinds()
+    assert "mail.send" in kinds and "cron:hourly" not in kinds
 
 
 def test_a_refused_declaration_names_its_function(settings: Any) -> None:

@@ -1,5 +1,5 @@
 """Print the scenario reports (build/reliability/*.json) as the Markdown table of
-docs/reliability.md: ``python -m tests.reliability_table [DIR]``."""
+docs/reliability.md: ``python -m tests.support.reliability_table [DIR]``."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import pytest
 
 import delayq
 from delayq import AsyncQueue, Queue, Worker
-from delayq.core import ScheduleOptions
+from delayq.spec import ScheduleOptions
 from delayq.worker.features.cron import Schedules
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "coming-from.md"
-AFTER = re.compile(r"^After:\n\n```python\n(.*?)^```$", re.S | re.M)
+AFTER = re.compile(r"^After:\n\n(?:<!--.*?-->\n)?```python\n(.*?)^```$", re.S | re.M)
 
 
 def keywords(fn: Callable[..., Any], rest: set[str] | None = None) -> set[str] | None:

@@ -18,7 +18,7 @@ import delayq
 import delayq.testing
 from delayq import Queue, Worker
 from delayq.cli.main import main as cli
-from delayq.core import ScheduleOptions
+from delayq.spec import ScheduleOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -209,3 +209,64 @@ def test_a_link_to_a_missing_repository_file_warns(
     docs.mkdir()
     repo_files.repo_links("[gone](../gone.py)", docs / "p.md", docs, tmp_path, "")
     assert "gone.py" in caplog.text
+
+
+# -- the API reference reads like the user's API ------------------------------------------
+
+api_reference = _hook("api_reference")
+PLUMBING = ["execute", "checked", "drive", "runner"]
+
+
+def _listed(page: str, cls: str) -> list[str]:
+    return re.findall(rf"^::: delayq\.{cls}\.(\w+)$", page, re.M)
+
+
+@pytest.mark.parametrize("cls", [Queue, delayq.AsyncQueue], ids=lambda c: c.__name__)
+def test_the_queue_pages_list_every_method_the_users_first_and_the_plumbing_last(
+    cls: type,
+) -> None:
+    page = (DOCS / "reference" / "api.md").read_text()
+    listed = _listed(page, cls.__name__)
+    public = sorted(n for n in dir(cls) if not n.startswith("_"))
+    assert sorted(listed) == public, "list each public member once on docs/reference/api.md"
+    assert listed[0] == "schedule"
+    assert listed[-len(PLUMBING) :] == PLUMBING
+
+
+def _griffe_package() -> object:
+    import griffe
+
+    return griffe.load(
+        "delayq",
+        search_paths=[str(ROOT)],
+        extensions=griffe.load_extensions(api_reference.ApiReference()),
+    )
+
+
+def test_the_reference_shows_defaults_by_value_and_documents_each_coroutine() -> None:
+    import griffe
+
+    pkg: griffe.Module = _griffe_package()  # type: ignore[assignment]
+    init = pkg["base.QueueBase.__init__"]
+    defaults = {p.name: str(p.default) for p in init.parameters}
+    assert defaults["max_payload"] == "64 * 1024"  # not DEFAULT_MAX_PAYLOAD
+    assert defaults["dedupe_window"] == "24 * 3600.0" and defaults["prefix"] == "'dq'"
+    named = []
+    for path in delayq.__all__:
+        obj = pkg[path] if path in pkg.members else None
+        target = obj.final_target if isinstance(obj, griffe.Alias) else obj
+        for member in [target, *getattr(target, "all_members", {}).values()]:
+            member = member.final_target if isinstance(member, griffe.Alias) else member
+            if isinstance(member, griffe.Function):
+                named += [
+                    f"{member.path}({p.name})"
+                    for p in member.parameters
+                    if isinstance(p.default, griffe.ExprName)
+                    and p.default.canonical_path.startswith("delayq.")
+                ]
+    assert named == [], "a default still shows a constant's name"
+    coroutines = pkg["queue.AsyncQueue"]
+    for name in (n for n in dir(delayq.AsyncQueue) if not n.startswith("_")):
+        member = coroutines.all_members[name]
+        assert member.docstring is not None and member.docstring.value, name
+    assert "[`Queue.schedule`][delayq.Queue.schedule]" in coroutines["schedule"].docstring.value

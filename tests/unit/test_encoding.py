@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
-from delayq import InvalidTaskError, TaskSpec
-from delayq.codec import compact_json
-from delayq.core import CheckedSpec, QueueCore, task_ids
+from delayq import InvalidTaskError, Queue, TaskSpec
+from delayq.codec import compact_json, encode_record, split_record
+from delayq.core import QueueCore
+from delayq.expiring import ops as expiring
+from delayq.info import as_bytes
 from delayq.keys import QueueKeys
+from delayq.spec import CheckedSpec, task_ids
 from delayq.testing import VirtualClock
 
 VALUES: list[Any] = [
@@ -165,3 +168,40 @@ def test_checked_spec_many_checks_each_task_as_one_checked_spec() -> None:
     ]:
         with pytest.raises(InvalidTaskError):
             CheckedSpec.many(bad)
+
+
+def test_every_record_is_written_by_the_codec_alike() -> None:
+    """The producer's records (a batch with and without headers, a single schedule's) and
+    an expiring key's are codec.py's format: each is what encode_record writes, and
+    split_record reads it back."""
+    clock = VirtualClock()
+    core = Queue("rec", url="redis://127.0.0.1:1/0", clock=clock).core  # never connects
+    created = clock.now_ms()
+    specs = [
+        TaskSpec("k", {"n": 1}, task_id="a"),
+        TaskSpec("k", {"n": 2}, task_id="b", headers={"t": "x"}),
+        TaskSpec("j", [3], task_id="c", max_attempts=4),
+    ]
+    _, rest = core.encode_tasks(specs)
+    assert rest[2::3] == [
+        encode_record("k", b'{"n":1}', max_attempts=0, created_ms=created, fmt="json"),
+        encode_record(
+            "k", b'{"n":2}', max_attempts=0, created_ms=created, fmt="json", headers={"t": "x"}
+        ),
+        encode_record("j", b"[3]", max_attempts=4, created_ms=created, fmt="json"),
+    ]
+    single = core.schedule_new(TaskSpec("k", None, headers={"t": "y"}), "d").args[-1]
+    assert single == encode_record(
+        "k", b"null", max_attempts=0, created_ms=created, fmt="json", headers={"t": "y"}
+    )
+    notice = expiring.notice_op(core, "key", foreign=True)
+    record = notice.args[notice.script.arg_names.index("record")]
+    header, payload = split_record(as_bytes(record))
+    assert (header.kind, header.created_ms, json.loads(payload)["k"]) == (
+        expiring.EXPIRE_KIND,
+        created,
+        "key",
+    )
+    assert as_bytes(record) == encode_record(
+        expiring.EXPIRE_KIND, payload, max_attempts=0, created_ms=created, fmt="json"
+    )

@@ -1,8 +1,9 @@
-"""The package's shape, checked from its source: no import cycles, no reach-ins.
+"""The package's shape, checked from its source: docs/architecture.md's layering rules,
+no import cycles, no reach-ins, no module over 600 lines.
 
-Both are read with ``ast`` from every module under ``delayq/``, imports under
-``TYPE_CHECKING`` and inside functions included: a cycle that only the type checker or a
-late import sees is still a cycle a reader has to untangle.
+Imports are read with ``ast`` from every module under ``delayq/``, those under
+``TYPE_CHECKING`` and inside functions included: a cycle or a layer crossed that only the
+type checker or a late import sees is still one a reader has to untangle.
 """
 
 from __future__ import annotations
@@ -87,6 +88,115 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+# docs/architecture.md, "Layers": which packages the modules of each may import. "top" is
+# delayq's own modules (delayq/*.py: the client and what both sides share); "delayq" the
+# package's __init__ (its public names); a package may always import itself.
+EVERY = {
+    "top", "delayq", "cron", "expiring", "protocol", "web", "embedded", "worker", "admin",
+    "testing", "processes", "dashboard", "http", "demo", "contrib", "cli",
+}  # fmt: skip
+MAY_IMPORT: dict[str, set[str]] = {
+    "top": {"top"},  # and TOP_MAY_IMPORT's modules alone of the feature packages
+    "delayq": {"top", "expiring", "worker"},
+    "cron": {"top"},  # the features' pure parts: no worker, no front end
+    "expiring": {"top"},
+    "protocol": {"top"},
+    "web": {"top"},
+    "embedded": {"top"},
+    "worker": {"top", "cron", "expiring"},  # (WORKER_FEATURES alone of its modules)
+    "admin": {"top", "cron", "expiring", "worker"},
+    "testing": {"top", "cron", "expiring", "worker", "embedded"},
+    "processes": {"top", "admin", "worker"},
+    "dashboard": {"top", "admin", "web", "cron", "expiring"},  # the public API and admin/
+    "http": {"top", "admin", "web", "cron", "expiring"},
+    "demo": {"top", "admin", "worker", "embedded"},
+    "contrib": EVERY - {"cli"},
+    "cli": EVERY,  # nothing imports cli/ but cli/ (and python -m delayq)
+}
+# The top level uses a feature package only through the producer's facades and the
+# protocol version check (beside the shard check).
+TOP_MAY_IMPORT = {"delayq.cron.facade", "delayq.expiring.facade", "delayq.protocol.version"}
+# Within worker/, only the Worker's decorators and the features themselves name a feature:
+# the engine plugs them in through their hooks (lane.Extension).
+WORKER_FEATURES = ("delayq.worker.worker", "delayq.worker.features")
+MAX_LINES = 600
+
+
+def package_of(module: str) -> str:
+    """``delayq.worker.engine`` -> ``worker``; ``delayq.queue`` -> ``top``."""
+    parts = module.split(".")
+    if module == "delayq.__main__":
+        return "cli"  # (python -m delayq: the command)
+    if len(parts) == 1:
+        return "delayq"
+    if (PACKAGE / parts[1]).is_dir():
+        return parts[1]
+    return "top"
+
+
+def crossings(edges: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks a rule above, as "importer -> imported (why)"."""
+    found = []
+    for importer, targets in sorted(edges.items()):
+        mine = package_of(importer)
+        for target in sorted(targets):
+            theirs = package_of(target)
+            if theirs == mine:
+                if (
+                    mine == "worker"
+                    and target.startswith(WORKER_FEATURES[1])
+                    and not importer.startswith(WORKER_FEATURES)
+                ):
+                    found.append(f"{importer} -> {target} (the engine names no feature)")
+                continue
+            if mine == "top" and target in TOP_MAY_IMPORT:
+                continue
+            if theirs not in MAY_IMPORT[mine]:
+                found.append(f"{importer} -> {target} ({mine} may not import {theirs})")
+            elif (
+                mine == "worker"
+                and theirs in ("cron", "expiring")
+                and not importer.startswith(WORKER_FEATURES)
+            ):
+                found.append(f"{importer} -> {target} (the engine names no feature)")
+    return found
+
+
+def test_every_package_is_in_the_table() -> None:
+    packages = {package_of(m) for m in modules()}
+    assert packages == set(MAY_IMPORT) == EVERY
+
+
+def test_imports_keep_to_the_layers_of_the_architecture() -> None:
+    assert crossings(graph()) == []
+
+
+def test_the_layer_check_finds_an_import_against_the_rules() -> None:
+    edges = {
+        "delayq.queue": {"delayq.cron.ops", "delayq.cron.facade", "delayq.core"},
+        "delayq.cron.ops": {"delayq.worker.context"},
+        "delayq.worker.engine": {"delayq.worker.features.cron", "delayq.expiring.ops"},
+        "delayq.worker.worker": {"delayq.worker.features.cron", "delayq.expiring.facade"},
+        "delayq.dashboard.app": {"delayq.cli.common", "delayq.admin.inspect"},
+    }
+    assert crossings(edges) == [
+        "delayq.cron.ops -> delayq.worker.context (cron may not import worker)",
+        "delayq.dashboard.app -> delayq.cli.common (dashboard may not import cli)",
+        "delayq.queue -> delayq.cron.ops (top may not import cron)",
+        "delayq.worker.engine -> delayq.expiring.ops (the engine names no feature)",
+        "delayq.worker.engine -> delayq.worker.features.cron (the engine names no feature)",
+    ]
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        name: n
+        for name, path in modules().items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these by what changes together: {long}"
 
 
 def test_the_package_has_no_import_cycle() -> None:

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, NoScriptError
+from redis.exceptions import MovedError, NoScriptError, ResponseError
 
-import delayq.queue
+import delayq.base
 from delayq import Queue
 from delayq.core import Op, QueueCore, ShardCheck
-from delayq.errors import ConnectionFailed, DurabilityError
+from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
 from delayq.runner import (
     Call,
     Command,
@@ -26,6 +26,7 @@ from delayq.runner import (
     Step,
     SyncRunner,
     Trip,
+    after_plan,
     batch_plan,
     cluster_trip_plan,
 )
@@ -123,6 +124,48 @@ def test_noscript_redo_keeps_each_connections_waits() -> None:
     runner.done()
 
 
+# -- a plain command, then a call (run_after): one round trip, the command first ------------
+
+
+def test_a_command_then_a_call_go_in_one_trip_and_a_noscript_sends_both_again() -> None:
+    """The expiring keys' check reads the key, then asks the server: the read must come
+    first, so a call that met NOSCRIPT is sent again after the command, not alone."""
+    a = QueueCore("orders").shard_count(2, store=False)
+    pttl = ("PTTL", "session:1")
+    runner = ScriptedRunner(
+        _client(),
+        [
+            (Trip([a], first=pttl), [-2, NoScriptError("NOSCRIPT No matching script.")]),
+            (Load([a]), None),
+            (Trip([a], first=pttl), [-2, b"2"]),
+        ],
+    )
+    assert runner.drive(after_plan(pttl, a)) == (-2, ShardCheck(2, ""))
+    runner.done()
+
+
+def test_an_error_reply_of_the_command_or_the_call_is_a_delayq_error() -> None:
+    a = QueueCore("orders").shard_count(2, store=False)
+    for replies in ([ResponseError("WRONGTYPE"), b"2"], [-2, ResponseError("BUSY script")]):
+        runner = ScriptedRunner(_client(), [(Trip([a], first=("PTTL", "k")), replies)])
+        with pytest.raises(ScriptError):
+            runner.drive(after_plan(("PTTL", "k"), a))
+        runner.done()
+    noscript = [-2, NoScriptError("NOSCRIPT")]
+    runner = ScriptedRunner(
+        _client(),
+        [
+            (Trip([a], first=("PTTL", "k")), noscript),
+            (Load([a]), None),
+            (Trip([a], first=("PTTL", "k")), noscript),
+            (Load([a]), None),
+        ],
+    )
+    with pytest.raises(ScriptError, match="forgot script 'shards' twice"):
+        runner.drive(after_plan(("PTTL", "k"), a))
+    runner.done()
+
+
 # -- durable=True: WAITAOF says 0 fsyncs -----------------------------------------------------
 
 
@@ -162,7 +205,7 @@ def test_schedule_durable_with_the_fsync_confirmed(monkeypatch: pytest.MonkeyPat
 def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(delayq.queue, "SCHEDULE_BATCH", 2)  # 2 tasks per script call
+    monkeypatch.setattr(delayq.base, "SCHEDULE_BATCH", 2)  # 2 tasks per script call
     ids = [f"t-{i}" for i in range(20)]  # 10 calls: a round trip of 8, then one of 2
     queue, runner = _queue(
         monkeypatch,
@@ -185,7 +228,7 @@ def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
 
 
 def test_schedule_many_all_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delayq.queue, "SCHEDULE_BATCH", 2)
+    monkeypatch.setattr(delayq.base, "SCHEDULE_BATCH", 2)
     queue, runner = _queue(monkeypatch, [_count_check(), (_trip_of(2), [[1, 0], [3]])])
     got = queue.schedule_many([{"kind": "k", "task_id": f"t-{i}"} for i in range(3)])
     assert [(str(s), s.status) for s in got] == [
@@ -232,6 +275,20 @@ def test_cluster_moved_refreshes_the_map_then_resends_to_the_new_node() -> None:
     assert runner.drive(batch_plan([op])) == [ShardCheck(2, "")]
     runner.done()
     assert [type(s).__name__ for s in runner.steps] == ["Nodes", "Refresh", "Nodes"]
+
+
+def test_on_a_cluster_the_command_goes_first_on_its_own_then_the_call_to_its_node() -> None:
+    """The key and the queue may live on different nodes: the command is sent before the
+    call's round trip, on the client's routing."""
+    cluster = FakeCluster()
+    op = QueueCore("orders").shard_count(2, store=False)
+    evalsha = ("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+    runner = ScriptedRunner(
+        cluster,
+        [(Command(("PTTL", "k")), 1500), (Nodes([("node-a", [evalsha])]), [[b"2"]])],
+    )
+    assert runner.drive(after_plan(("PTTL", "k"), op)) == (1500, ShardCheck(2, ""))
+    runner.done()
 
 
 def test_cluster_node_unreachable_throughout_is_a_connection_error_per_call() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from delayq import leasing
 from delayq.admin import inspect
-from delayq.cron import ops as cron_ops
+from delayq.cron import facade as cron_facade
 from delayq.expiring import ops as expiring_ops
 from delayq.scripts import NAMES, SCRIPTS, Reply, file_of, parse_reply
 
@@ -104,7 +104,7 @@ def test_the_decoders_read_their_positions_from_the_declaration() -> None:
         3,
     )
     assert inspect._LATER == -1 and inspect._OVERDUE == 1
-    assert cron_ops._READ_NOW == 0
+    assert cron_facade._READ_NOW == 0
     assert expiring_ops.SCRIPTS["expire_confirm"].reply.heads == ("status", "ms")
 
 

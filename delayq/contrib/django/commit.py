@@ -27,9 +27,9 @@ from django.db import transaction
 from delayq.codec import encode_payload
 from delayq.contrib.django import conf, declare
 from delayq.contrib.django.queues import registry
-from delayq.core import CheckedSpec, new_task_id
 from delayq.errors import ConfigurationError, Discard
 from delayq.queue import AsyncQueue, Queue
+from delayq.spec import CheckedSpec, new_task_id
 from delayq.task import Task
 
 log = logging.getLogger("delayq.contrib.django")

@@ -32,9 +32,9 @@ from django.db.models import QuerySet
 from delayq.contrib.django import conf
 from delayq.contrib.django.models import OutboxTask
 from delayq.contrib.django.queues import registry
-from delayq.core import TaskSpec
 from delayq.errors import ConfigurationError
 from delayq.queue import Queue
+from delayq.spec import TaskSpec
 from delayq.task import Task
 from delayq.timing import config_seconds
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from delayq.cron import facade as cron_facade
 from delayq.cron import ops as cron_ops
 from delayq.cron.schedules import (
     DEFAULT_CATCH_UP_LIMIT,
@@ -318,7 +319,7 @@ class Schedules:
         applied = 0
         for _ in range(5):
             state, registered = await ctx.runner.run_many(
-                [cron_ops.read(ctx.core), ctx.core.workers(limit=1000)]
+                [cron_facade.read(ctx.core), ctx.core.workers(limit=1000)]
             )
             live = {k for w in registered if w.alive for k in w.kinds}
             changes = cron_ops.plan(

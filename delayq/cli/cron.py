@@ -10,6 +10,7 @@ import click
 
 from delayq.admin.present import relative
 from delayq.cli.common import QUEUE_ENV, json_option, queue_option, url_option
+from delayq.cron import facade as cron_facade
 from delayq.cron import ops as cron_ops
 from delayq.errors import DelayqError
 from delayq.queue import Queue
@@ -25,9 +26,9 @@ def _open(queue: str | None, url: str | None) -> Queue:
         raise click.ClickException(str(e)) from None
 
 
-def _read(q: Queue) -> cron_ops.CronState:
+def _read(q: Queue) -> cron_facade.CronState:
     try:
-        return q.runner.run(cron_ops.read(q.core))
+        return q.runner.run(cron_facade.read(q.core))
     except DelayqError as e:
         raise click.ClickException(str(e)) from None
 
@@ -39,7 +40,7 @@ def _when(when: datetime | None, tz: str | None, now: datetime) -> str:
     return f"{local.strftime('%Y-%m-%d %H:%M:%S%z')} ({relative(when, now)})"
 
 
-def _note(info: cron_ops.ScheduleInfo) -> str:
+def _note(info: cron_facade.ScheduleInfo) -> str:
     notes = []
     if info.parked_since is not None:
         notes.append("parked: no live worker declares it")
@@ -54,7 +55,7 @@ def _note(info: cron_ops.ScheduleInfo) -> str:
     return "; ".join(notes)
 
 
-def _outcome(info: cron_ops.ScheduleInfo) -> str:
+def _outcome(info: cron_facade.ScheduleInfo) -> str:
     if info.last_status is None:
         return "-"
     if info.last_error:
