@@ -47,6 +47,9 @@ class Claimed:
     id: str
     header: Header
     payload: bytes
+    # The shard it was claimed from: its outcome and its lease extensions go there, even
+    # when another program wrote it onto a shard its id does not hash to.
+    shard: int = 0
 
     @property
     def token(self) -> int:
@@ -101,7 +104,7 @@ _TEXT_FIELDS = (
 )
 
 
-def _read_rows(r: Any) -> tuple[list[Claimed], tuple[Unreadable, ...]]:
+def _read_rows(r: Any, shard: int) -> tuple[list[Claimed], tuple[Unreadable, ...]]:
     """claim's rows one by one, when some field is not UTF-8: the tasks, and the rows that
     cannot be tasks (the first bad field named in the reason)."""
     tasks: list[Claimed] = []
@@ -123,9 +126,9 @@ def _read_rows(r: Any) -> tuple[list[Claimed], tuple[Unreadable, ...]]:
         fmt = _text(format) or "json"
         header = Header(_text(kind), attempt, max_attempts, token, created, due, fmt, headers)
         if bad is None:
-            tasks.append(Claimed(id.decode(), header, payload))
+            tasks.append(Claimed(id.decode(), header, payload, shard))
         else:
-            unreadable.append(Unreadable(id, bad, Claimed(_text(id), header, payload)))
+            unreadable.append(Unreadable(id, bad, Claimed(_text(id), header, payload, shard)))
     return tasks, tuple(unreadable)
 
 
@@ -175,6 +178,8 @@ def claim(
     ``kind, room`` (the worker's per-kind concurrency left; see controls.kind_rooms); a kind
     whose room is 0 is left waiting. Empty: every kind, as claim always did."""
 
+    shard = core.shard
+
     def parse(r: Any) -> ClaimResult:
         # claim.lua buried the records it could not read and sends the rest's header fields
         # decoded (see its header): no JSON to parse. It does not look at their bytes (a
@@ -197,13 +202,14 @@ def claim(
                         headers,  # b"" for none; decoded by the executor (build_task)
                     ),
                     payload,
+                    shard,
                 )
                 for id, kind, attempt, most, token, due, created, fmt, headers, payload in (
                     _CLAIM.rows(r)
                 )
             ]
         except UnicodeDecodeError:  # another program's record: bury its row, keep the rest
-            tasks, unreadable = _read_rows(r)
+            tasks, unreadable = _read_rows(r, shard)
         now_us = int(r[_NOW])
         return ClaimResult(
             now_us // 1000,

@@ -94,6 +94,8 @@ def test_worker_refuses_url_when_the_app_sets_its_own(server: EmbeddedServer) ->
         (["--lease", "soon"], "--lease"),
         (["--concurrency", "0"], "--concurrency"),
         (["--url", NOWHERE, "--embedded"], "not both"),
+        (["--recycle-stuck", "0"], "--recycle-stuck"),
+        (["--recycle-stuck", "later"], "--recycle-stuck"),
     ],
 )
 def test_worker_flags_refuse_bad_values(args: list[str], message: str) -> None:

@@ -24,6 +24,7 @@ from .conftest import ROOT
 from .support.helpers import wait_for
 
 APP = "tests.support.apps.processes_app:worker"
+STUCK_APP = "tests.support.apps.stuck_app:worker"
 
 
 def children(pid: int) -> set[int]:
@@ -267,3 +268,31 @@ def test_process_count_and_exit_reasons() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode == 2 and "--processes takes a number" in out.stderr
+
+
+def test_a_worker_process_with_a_stuck_sync_handler_is_recycled(
+    setup: tuple[Queue, dict[str, str]], supervise: Any
+) -> None:
+    """``--recycle-stuck 1``: a sync handler runs past its 0.3 s timeout and never returns.
+    A second later its process stops gracefully, handing back the task it had claimed ahead,
+    and exits; the supervisor starts another at once, which runs that task once."""
+    queue, env = setup
+    sup = supervise(STUCK_APP, env, "--processes", "1", "--recycle-stuck", "1")
+    wait_for(lambda: sup.serving(1), timeout=30)
+    (first,) = wait_for(lambda: sup.n_children(1), timeout=10)
+    hung = queue.schedule("stuck", None)
+    later = queue.schedule("rec", None, delay=4)  # claimed ahead by the first process
+    wait_for(lambda: queue.stats().active == 2, timeout=10)
+    (second,) = wait_for(lambda: sup.n_children(1, without=first), timeout=15)
+    assert not alive(first)
+    wait_for(lambda: ("rec", later) in {(k, t) for k, t, _ in runs(env)}, timeout=20)
+    ran = runs(env)
+    assert [(k, t, p) for k, t, p in ran if t == later] == [("rec", later, second)]
+    assert [(k, t, p) for k, t, p in ran if t == hung] == [("stuck", hung, first)]
+    out = sup.output()
+    assert "runs on past its timeout of 0.3 s" in out
+    assert "recycling this worker process" in out and "recycled itself" in out
+    assert queue.stats().counters.get("released", 0) == 1  # the task claimed ahead
+    assert queue.get(hung).state == "scheduled"  # its retry, written at the timeout
+    os.kill(sup.proc.pid, signal.SIGTERM)
+    assert sup.proc.wait(40) == 0, out

@@ -12,7 +12,8 @@ from delayq.codec import Header
 from delayq.errors import Defer
 from delayq.leasing import Claimed
 from delayq.worker.lane import Lane
-from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, PROBE_EVERY, Run, Runs
+from delayq.worker.lifecycle import DONE, ENDED, RUNNING
+from delayq.worker.runs import MAX_AHEAD, MAX_QUEUED_S, PROBE_EVERY, Runs
 
 from .support.helpers import wait_for
 
@@ -30,20 +31,22 @@ def lane_of(runs: Runs, executor: Any = None, finisher: Any = None) -> Lane:
     return lane
 
 
-def test_a_lost_lease_is_matched_by_token_not_by_task_id() -> None:
+async def test_a_lost_lease_is_matched_by_token_not_by_task_id() -> None:
     """The heartbeat reports (id, token): a report about an older claim of a task must not
     stop the newer run of the same task."""
     freed: list[int] = []
     runs = Runs(lambda ms: 0.0, lambda: freed.append(1))
     lane = lane_of(runs)
-    run = Run(claimed("A", 2), lane)
-    lane.by_id["A"], lane.leases["A"], runs.busy = run, 2, 1
+    runs._launch = lambda run: None  # type: ignore[method-assign]  # no executor here
+    runs.start(claimed("A", 2), lane)
+    run = lane.by_id["A"]
+    assert runs.busy == 1 and lane.leases == {"A": run.claimed}
     runs.leases_lost(lane, [("A", 1)])
-    assert not run.lost and runs.busy == 1 and lane.leases == {"A": 2}
-    runs.leases_lost(lane, [("A", 2)])
-    assert run.lost and runs.busy == 0 and lane.leases == {} and freed == [1]
+    assert run.state == RUNNING and runs.busy == 1 and lane.leases == {"A": run.claimed}
+    runs.leases_lost(lane, [("A", 2)])  # its handler had not begun: it ends at once
+    assert run.state == DONE and runs.busy == 0 and lane.leases == {} and freed
     runs.leases_lost(lane, [("A", 2)])  # reported twice: the slot is freed once
-    assert runs.busy == 0 and freed == [1]
+    assert runs.busy == 0 and lane.by_id == {}
 
 
 def test_deferring_tasks_never_overdraw_the_worker(queue: Queue, run_worker: Any) -> None:
@@ -106,12 +109,35 @@ async def test_runs_claimed_ahead_wait_for_a_slot_and_are_handed_back_unrun() ->
     assert (runs.busy, [r.claimed.id for r in runs.queued]) == (1, ["B", "C"])
     first = lane.by_id["A"]
     runs.queued[0].queued_at -= MAX_QUEUED_S + 1  # B waited too long
-    runs._free_slot(first)  # A's handler finished: B is handed back, C takes the slot
+    runs._move(first, ENDED)  # A's handler finished: B is handed back, C takes the slot
     assert [(o.action, o.id) for o in written.outcomes] == [("release", "B")]
-    assert runs.busy == 1 and not runs.queued and lane.by_id["C"].slot
+    assert runs.busy == 1 and not runs.queued and lane.by_id["C"].state == RUNNING
     runs.start(claimed("D", 9), lane)
     runs.release_unstarted()  # shutdown: D never started
     assert [(o.action, o.id) for o in written.outcomes] == [("release", "B"), ("release", "D")]
+
+
+async def test_a_run_waiting_for_a_slot_is_handed_back_though_none_frees() -> None:
+    """The handlers hang: no slot ever frees, and one timer hands back every run that waited
+    its allowance (a sixth of the lease, here), whose lease was not extended meanwhile.
+    Nothing more is claimed ahead then: the mean handler time says the slots turn over
+    at least that slowly."""
+    written = Written()
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=1, lookahead=0.02, lease_s=1.2)
+    runs.service_s = 0.0001  # handlers seen fast: claims ahead
+    lane = lane_of(runs, finisher=written)
+    runs._launch = lambda run: None  # type: ignore[method-assign]  # no executor here
+    runs.start_many(lane, [claimed(tid, i + 1) for i, tid in enumerate("ABC")])
+    assert [r.claimed.id for r in runs.queued] == ["B", "C"]
+    assert list(lane.leases) == ["A"]  # B's and C's are not extended while they wait
+    assert runs.room() > 0 and runs.held == 3
+    await asyncio.sleep(0.2 + 0.1)
+    assert sorted((o.action, o.id) for o in written.outcomes) == [
+        ("release", "B"),
+        ("release", "C"),
+    ]
+    assert runs.busy == 1 and runs.held == 1 and not lane.leases.keys() - {"A"}
+    assert runs.allowance() == 1 and runs.room() == 0
 
 
 def test_slow_handlers_get_no_tasks_claimed_ahead_from_other_workers(

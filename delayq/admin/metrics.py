@@ -206,6 +206,14 @@ class WorkerMetrics:
             registry=registry,
             multiprocess_mode="livemax",  # worker processes of a supervisor: the worst live one
         )
+        self.overrunning = Gauge(
+            "delayq_sync_handlers_overrunning",
+            "Sync handlers whose thread runs on past its attempt (its timeout passed, its "
+            "lease was lost, it was aborted); each holds a slot until it returns.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livesum",  # worker processes of a supervisor: all live ones
+        )
         # An attempt that fails sends "failed" then "retried" or "dead" at once: count its
         # duration and its failure once. Entries live for one event; the dict stays tiny.
         self._failed: set[tuple[str, int]] = set()
@@ -213,10 +221,8 @@ class WorkerMetrics:
     def __call__(self, ev: TaskEvent) -> None:
         labels = (ev.queue, ev.kind)
         attempt = (ev.task_id, ev.attempt)
-        if ev.event == "started":
-            self.started.labels(*labels).inc()
-            # Clock skew between worker and server can make it slightly negative.
-            self.lateness.labels(*labels).observe(max(0.0, ev.lateness or 0.0))
+        if ev.event in _NO_OUTCOME:
+            self._no_outcome(ev, labels)
             return
         followup = attempt in self._failed
         self._failed.discard(attempt)
@@ -242,6 +248,20 @@ class WorkerMetrics:
             self.lease_lost.labels(*labels).inc()
         elif ev.event == "aborted":
             self.aborted.labels(*labels).inc()
+
+    def _no_outcome(self, ev: TaskEvent, labels: tuple[str, str]) -> None:
+        """The events that are no attempt's outcome: its start, a thread that outlives it."""
+        if ev.event == "started":
+            self.started.labels(*labels).inc()
+            # Clock skew between worker and server can make it slightly negative.
+            self.lateness.labels(*labels).observe(max(0.0, ev.lateness or 0.0))
+        elif ev.event == "overrunning":  # (its attempt's outcome was counted already)
+            self.overrunning.labels(*labels).inc()
+        else:  # overrun_ended
+            self.overrunning.labels(*labels).dec()
+
+
+_NO_OUTCOME = frozenset({"started", "overrunning", "overrun_ended"})
 
 
 def queue_admin(queue: Queue | AsyncQueue) -> Admin:

@@ -68,6 +68,11 @@ SIGTERM/SIGINT are forwarded to all of them, which finish their running tasks wi
 the worker's grace; children that keep failing at start make it exit 1. With
 --metrics-port the supervisor serves all of their metrics on that one port.
 
+--recycle-stuck SECONDS runs the worker processes under a supervisor (even one) and
+recycles a process one of whose sync handlers has run SECONDS past its attempt (its
+timeout passed, its lease was lost, or it was aborted: a thread cannot be stopped):
+the process stops gracefully and a new one is started at once.
+
 Every option but --url can come from the environment instead (its variable is shown
 beside it); an option on the command line wins.
 
@@ -88,6 +93,7 @@ LOG_FORMAT_ENV = "DELAYQ_LOG_FORMAT"
 METRICS_PORT_ENV = "DELAYQ_METRICS_PORT"
 METRICS_HOST_ENV = "DELAYQ_METRICS_HOST"
 PROCESSES_ENV = "DELAYQ_PROCESSES"
+RECYCLE_ENV = "DELAYQ_RECYCLE_STUCK"
 
 
 @click.command(help=WORKER_HELP)
@@ -174,6 +180,15 @@ PROCESSES_ENV = "DELAYQ_PROCESSES"
     metavar="N|auto",
     help="Worker processes under one supervisor (auto: one per core this process may use).",
 )
+@click.option(
+    "--recycle-stuck",
+    metavar="DURATION",
+    default=None,
+    envvar=RECYCLE_ENV,
+    show_envvar=True,
+    help="Replace a worker process whose sync handler has run this long past its timeout "
+    "(or lost lease, or abort), e.g. 60s; implies a supervisor, even of one process.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -188,6 +203,7 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     processes: str,
+    recycle_stuck: str | None,
 ) -> None:
     from delayq.processes import child
     from delayq.processes.supervisor import process_count
@@ -199,6 +215,11 @@ def worker(
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
+    recycle_s = duration(recycle_stuck, "--recycle-stuck")
+    if recycle_s is not None and recycle_s <= 0:
+        raise click.BadParameter(
+            f"must be a duration above 0, got {recycle_stuck!r}", param_hint="--recycle-stuck"
+        )
     try:
         n = process_count(processes)
     except ConfigurationError as e:
@@ -208,23 +229,26 @@ def worker(
         if embedded:
             url = _embedded(stack, embedded_port)
         obj = _load_worker(app, url, concurrency, lease_s)
-        if n > 1:
+        supervised = child.supervised()
+        if n > 1 or (recycle_s is not None and not supervised):
             options = [f"--log-level={log_level}", f"--log-format={log_format}"]
             options += [f"--url={url}"] if url is not None else []
             options += [f"--concurrency={concurrency}"] if concurrency is not None else []
             options += [f"--lease={lease}"] if lease is not None else []
+            options += [f"--recycle-stuck={recycle_s}"] if recycle_s is not None else []
             code = _supervise(obj, app, n, options, metrics_port, metrics_host, stack)
             if code:
                 raise click.ClickException("worker processes keep failing at start")
             return
-        if child.supervised():
-            child.prepare(obj)
+        recycle = child.prepare(obj, recycle_s) if supervised else None
         if metrics_port is not None:
             stack.callback(_serve_metrics(obj, metrics_port, metrics_host))
         try:
             obj.run()
         except WorkerFailed as e:  # the log above has the tracebacks; exit 1 with the cause
             raise click.ClickException(str(e)) from None
+    if recycle is not None and recycle.recycled:
+        sys.exit(child.RECYCLE_EXIT)
 
 
 def _from_the_environment(

@@ -6,11 +6,19 @@ byte once serving has begun (its start-up hooks run), so a child that exits befo
 one that failed to start. Children run in a session of their own, so a terminal's Ctrl-C
 reaches only the supervisor, which forwards it once: a child whose supervisor died (its
 parent changed) stops gracefully by itself rather than run unsupervised.
+
+With ``--recycle-stuck SECONDS`` a worker process watches the threads of its sync handlers
+that outlive their attempt (``worker/overruns.py``: past their timeout, their lease lost, or
+aborted; Python cannot stop a thread). When one has run on that long, the process stops
+gracefully (its other running handlers finish within the grace, what it claimed and has not
+started is handed back) and exits with :data:`RECYCLE_EXIT`; its supervisor starts a new
+one at once, as Celery replaces a child whose task outlived its hard time limit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -23,6 +31,11 @@ READY_FD_ENV = "DELAYQ_READY_FD"
 # multiprocess directory (PROMETHEUS_MULTIPROC_DIR) for it to read.
 METRICS_ENV = "DELAYQ_CHILD_METRICS"
 PARENT_CHECK_S = 1.0
+# A worker process recycled for a stuck sync handler exits with this (sysexits' EX_TEMPFAIL):
+# its supervisor starts another at once, without the backoff of a process that died.
+RECYCLE_EXIT = 75
+
+log = logging.getLogger("delayq.processes")
 
 
 def supervised() -> bool:
@@ -30,8 +43,51 @@ def supervised() -> bool:
     return READY_FD_ENV in os.environ
 
 
-def prepare(worker: Worker) -> None:
-    """Hook a supervised worker up: the ready byte, the parent watch, and its metrics."""
+class Recycle:
+    """Stops ``worker`` once a thread of its sync handlers has run ``after_s`` past its
+    attempt (:meth:`watch`, a loop of the serving worker); :attr:`recycled` says it did."""
+
+    def __init__(self, worker: Worker, after_s: float) -> None:
+        self.worker = worker
+        self.after_s = after_s
+        self.recycled = False
+
+    async def start(self, worker: Worker) -> None:
+        """An on_startup hook: the watch runs beside the worker's loops, supervised."""
+        engine = worker.engine
+        assert engine is not None
+        engine.ctx.supervise("recycle watch", self.watch)
+
+    async def watch(self) -> None:
+        import asyncio
+
+        engine = self.worker.engine
+        assert engine is not None
+        overruns = engine.runs.overruns
+        every = min(1.0, self.after_s / 4)
+        while not self.check(overruns.stuck_for(), overruns.oldest()):
+            await asyncio.sleep(every)
+
+    def check(self, stuck_s: float, oldest: object) -> bool:
+        """Whether the worker is stopped for a thread stuck ``stuck_s`` past its attempt."""
+        if stuck_s < self.after_s:
+            return False
+        log.error(
+            "a sync handler's thread has run %.1f s past its attempt (%r), over "
+            "--recycle-stuck %g s: recycling this worker process (it stops gracefully and "
+            "its supervisor starts another)",
+            stuck_s,
+            oldest,
+            self.after_s,
+        )
+        self.recycled = True
+        self.worker.stop()
+        return True
+
+
+def prepare(worker: Worker, recycle_stuck_s: float | None = None) -> Recycle | None:
+    """Hook a supervised worker up: the ready byte, the parent watch, its metrics, and with
+    ``recycle_stuck_s`` the watch of stuck handler threads (returned)."""
     fd = int(os.environ.pop(READY_FD_ENV))
     parent = os.getppid()
 
@@ -54,3 +110,8 @@ def prepare(worker: Worker) -> None:
                 return
 
     threading.Thread(target=watch, name="delayq-parent-watch", daemon=True).start()
+    if recycle_stuck_s is None:
+        return None
+    recycle = Recycle(worker, recycle_stuck_s)
+    worker.on_startup(recycle.start)
+    return recycle

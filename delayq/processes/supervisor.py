@@ -11,6 +11,8 @@ imported fails here, once, before any child starts.
 - A child that exits before it reports ready (``child.py``) failed to start; three such
   exits in a row of one slot stop everything, and the supervisor exits non-zero: a broken
   deploy does not become a restart loop.
+- A child that exits with ``RECYCLE_EXIT`` after it was ready recycled itself (a sync handler
+  stuck past its timeout, ``--recycle-stuck``): another is started at once, no backoff.
 - SIGTERM or SIGINT is forwarded to every child, which finishes its running tasks within the
   worker's grace and exits; the supervisor waits for them (the grace and a margin to write
   results), then exits 0. A second signal is forwarded again: children hand back at once.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from delayq.errors import ConfigurationError
-from delayq.processes.child import READY_FD_ENV
+from delayq.processes.child import READY_FD_ENV, RECYCLE_EXIT
 
 log = logging.getLogger("delayq.processes")
 
@@ -180,6 +182,15 @@ class ProcessSupervisor:
             log.info("worker process %d (pid %d) %s", slot.index, proc.pid, why)
             return
         now = time.monotonic()
+        if slot.ready_at is not None and proc.returncode == RECYCLE_EXIT:
+            log.warning(
+                "worker process %d (pid %d) recycled itself (a sync handler stuck past its "
+                "timeout); starting a new one",
+                slot.index,
+                proc.pid,
+            )
+            slot.restart_at = now
+            return
         if slot.ready_at is None:
             slot.early_exits += 1
             log.error(

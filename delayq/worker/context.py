@@ -11,6 +11,7 @@ thread, with its timeout) and the one reading of what a handler's exception mean
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -49,6 +50,21 @@ class Invocable(Protocol):
 
     @property
     def timeout(self) -> float | None: ...
+
+
+class ThreadOwner(Protocol):
+    """What holds a handler thread's slot (a :class:`~delayq.worker.runs.Run`): told when
+    the thread outlives its call, so the slot stays held until the thread returns."""
+
+    def outlived(self, fut: asyncio.Future[Any], timeout: float | None) -> None: ...
+
+
+# The attempt a handler is called in, set by the executor (in the attempt's own context,
+# for the handlers that may call a thread: sync ones and the internal ones that call the
+# user's function), read by :meth:`WorkerContext.call` when a thread outlives its call.
+ATTEMPT: contextvars.ContextVar[ThreadOwner | None] = contextvars.ContextVar(
+    "delayq_attempt", default=None
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,24 +209,36 @@ class WorkerContext:
         self, handler: Invocable, task: Task, arg: Any = None, what: str = "handler"
     ) -> Any:
         """Call ``handler.fn(arg)`` (``arg`` None: the task) without the middleware, and
-        return its result: an async function on the loop, a sync one in a handler thread;
-        past ``handler.timeout`` an async one is cancelled, a sync one (a thread cannot be
-        stopped) has its result ignored and ``task.lease_lost`` set, so a cooperative
-        function gives up."""
+        return its result: an async function on the loop, a sync one in a handler thread.
+
+        Past ``handler.timeout`` an async function is cancelled. A sync one cannot be
+        stopped: the call raises ``TimeoutError`` (its outcome, a retry, is written then),
+        ``task.lease_lost`` is set so a cooperative function gives up, and whatever it
+        returns is ignored; its thread runs on. So does it when the call is cancelled (a
+        lost lease, an abort, shutdown). Either way the attempt's owner (:data:`ATTEMPT`)
+        is told, and keeps its slot and its kind's place until the thread returns."""
         if arg is None:
             arg = task
+        timeout = handler.timeout
         if handler.is_async:
             coro = handler.fn(arg)
-            if handler.timeout is None:
+            if timeout is None:
                 return await coro
-            return await asyncio.wait_for(coro, handler.timeout)
+            return await asyncio.wait_for(coro, timeout)
         fut = self.threads.submit(handler.fn, arg)
-        if handler.timeout is None:
-            return await fut
+        overran: float | None = None
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), handler.timeout)
+            # Shielded: cancelling the call (a lost lease, shutdown) must not cancel the
+            # future, whose end is the thread's real end.
+            if timeout is None:
+                return await asyncio.shield(fut)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
+            if fut.done():
+                raise  # the function's own TimeoutError
+            overran = timeout
             task.lease_lost.set()
-            raise TimeoutError(
-                f"{what} took longer than its timeout of {handler.timeout} s"
-            ) from None
+            raise TimeoutError(f"{what} took longer than its timeout of {timeout} s") from None
+        finally:
+            if not fut.done() and (owner := ATTEMPT.get()) is not None:
+                owner.outlived(fut, overran)

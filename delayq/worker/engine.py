@@ -179,6 +179,7 @@ class Engine:
             self.waker.poke,
             concurrency=host.concurrency,
             lookahead=host.lookahead_s,
+            lease_s=host.lease_s,
         )
         self.runs.now, self.runs.timer_margin = self.now, timer_margin
         self.runs.alarm = make_alarm(loop)  # a timerfd: closed when serving ends

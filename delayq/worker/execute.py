@@ -27,7 +27,7 @@ from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.task import Task
 from delayq.timing import seconds
-from delayq.worker.context import WorkerContext
+from delayq.worker.context import ATTEMPT, ThreadOwner, WorkerContext
 from delayq.worker.events import EventName, TaskEvent
 from delayq.worker.outcome import Outcome
 from delayq.worker.registry import Handler
@@ -93,7 +93,8 @@ class Executor:
         self.on_failure: Callable[[Task, BaseException], None] | None = None
         self._hooks: set[asyncio.Task[None]] = set()  # on_dead hooks of buried_unread
 
-    def _emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
+    def emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
+        """Tell the listeners (metrics, logs) what became of an attempt of ``claimed``."""
         if not self.events.listeners:
             return  # nobody listens: skip building the event
         h = claimed.header
@@ -113,7 +114,7 @@ class Executor:
         and ``exc``, the exception that killed it, with its traceback."""
         self._dead(claimed, reason, duration, summary, exc)
         await self._fire_on_dead(task, claimed.id, reason)
-        return Outcome("bury", claimed.id, claimed.token, text=reason)
+        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
 
     def _dead(
         self,
@@ -124,7 +125,7 @@ class Executor:
         exc: BaseException | None = None,
     ) -> None:
         first = reason.splitlines()[0] if reason else ""
-        self._emit("dead", claimed, duration=duration, error=first)
+        self.emit("dead", claimed, duration=duration, error=first)
         h = claimed.header
         log.error(
             "task %s (%s) is dead: %s",
@@ -177,15 +178,27 @@ class Executor:
             )
         return task, handler
 
-    async def run(self, claimed: Claimed, started: Callable[[Task], None]) -> Outcome:
+    async def run(
+        self,
+        claimed: Claimed,
+        started: Callable[[Task], object],
+        owner: ThreadOwner | None = None,
+    ) -> Outcome:
+        """One attempt of ``claimed``: ``started(task)`` just before its handler is called;
+        ``owner`` is told of a handler thread that outlives its call (see
+        :data:`~delayq.worker.context.ATTEMPT`), the run that holds its slot."""
         prepared = self.prepare(claimed)
         if isinstance(prepared, str):
             return await self._bury(None, claimed, prepared)
         task, handler = prepared
         started(task)
+        if owner is not None and (handler.internal or not handler.is_async):
+            # It may call a thread (a sync handler; an internal one calling the user's
+            # function): set in this attempt's own context (a copy per run), no other's.
+            ATTEMPT.set(owner)
         t0 = time.perf_counter()
         if self.events.listeners:
-            self._emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+            self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
         try:
             if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
                 await handler.fn(task)  # the usual case, one coroutine frame fewer
@@ -195,22 +208,26 @@ class Executor:
                 await self.invoke(handler, task)
         except asyncio.CancelledError as e:
             if _cancelled_by_us():
-                if task.aborted:
-                    self._emit("aborted", claimed, duration=time.perf_counter() - t0)
-                elif task.lease_lost.is_set():
-                    self._emit("lease_lost", claimed, duration=time.perf_counter() - t0)
+                self._stopped(claimed, task, time.perf_counter() - t0)
                 raise
             # The handler raised it itself (nobody cancelled the task it runs in): a failed
             # attempt like any other, or it would be handed back and run again forever.
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
             if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
-                self._emit("aborted", claimed, duration=time.perf_counter() - t0)
+                self.emit("aborted", claimed, duration=time.perf_counter() - t0)
                 raise asyncio.CancelledError(f"task {task.id} was aborted") from None
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
         if self.events.listeners:
-            self._emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token)
+            self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard)
+
+    def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
+        """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
+        if task.aborted:
+            self.emit("aborted", claimed, duration=duration)
+        elif task.lease_lost.is_set():
+            self.emit("lease_lost", claimed, duration=duration)
 
     async def _failed(
         self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
@@ -220,16 +237,16 @@ class Executor:
             self.on_failure(task, e)
         v = self.classify(e, task)
         if v.outcome == "deferred":
-            return Outcome("release", task.id, task.token, due=f"+{v.due_ms}")
+            return Outcome("release", task.id, task.token, f"+{v.due_ms}", "", claimed.shard)
         fields = log_fields(task.id, task.kind, task.attempt, self.queue)
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
-            self._emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token)
+            self.emit("discarded", claimed, duration=duration)
+            return Outcome("discard", task.id, task.token, "", "", claimed.shard)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         text = "".join(traceback.format_exception(e)) if unexpected else v.error
         if v.failed:
-            self._emit("failed", claimed, duration=duration, error=v.error)
+            self.emit("failed", claimed, duration=duration, error=v.error)
         if v.outcome == "dead":
             attempts = f"attempt {task.attempt} of {task.max_attempts}"
             reason = v.reason
@@ -248,6 +265,6 @@ class Executor:
                 exc_info=e,
                 extra=fields,
             )
-        self._emit("retried", claimed, duration=duration)
+        self.emit("retried", claimed, duration=duration)
         due = _retry_after(handler, task.attempt, v.after)
-        return Outcome("retry", task.id, task.token, due, text)
+        return Outcome("retry", task.id, task.token, due, text, claimed.shard)

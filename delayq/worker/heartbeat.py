@@ -7,7 +7,9 @@ import logging
 from collections.abc import Callable
 
 from delayq import leasing
+from delayq.core import QueueCore
 from delayq.errors import DelayqError
+from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.shards import Shards
 
@@ -19,7 +21,7 @@ class Heartbeat:
         self,
         shards: Shards,
         runner: AsyncRunner,
-        leases: dict[str, int],
+        leases: dict[str, Claimed],
         lease_ms: int,
         interval: float,
         on_lost: Callable[[list[tuple[str, int]]], None],
@@ -29,7 +31,9 @@ class Heartbeat:
     ) -> None:
         self.shards = shards
         self.runner = runner
-        self.leases = leases  # the worker's live map: id -> token
+        # The lane's live map: id -> the claim whose lease is extended (its token, and the
+        # shard it was claimed from, where the extension goes).
+        self.leases = leases
         self.lease_ms = lease_ms
         self.interval = interval
         self.on_lost = on_lost
@@ -44,11 +48,11 @@ class Heartbeat:
 
     async def tick(self) -> list[tuple[str, int]]:
         """Extend every held lease once; returns (and reports) the (id, token) found lost."""
-        held = list(self.leases.items())
-        sent = dict(held)
+        held = list(self.leases.values())
+        sent = {c.id: c.token for c in held}
         lost: list[tuple[str, int]] = []
         aborted: set[str] = set()
-        groups = self.shards.group(held, lambda lease: lease[0])
+        groups = self._by_shard(held)
         if (self.shards.n > 1 or not held) and all(
             core is not self.shards.home for core, _ in groups
         ):
@@ -56,8 +60,9 @@ class Heartbeat:
             # or a busy worker would read as dead.
             groups.insert(0, (self.shards.home, []))
         failed: DelayqError | None = None
-        for core, leases in groups:
+        for core, claims in groups:
             home = core is self.shards.home
+            leases = [(c.id, c.token) for c in claims]
             try:
                 for i in range(0, max(len(leases), 1), 1000):
                     op = leasing.extend(
@@ -74,7 +79,7 @@ class Heartbeat:
                 failed = e  # one shard unreachable: the others' leases are still extended
         # A lease written off meanwhile (its result just acked) is not lost, just gone; one
         # re-claimed meanwhile has a new token and is not this one.
-        lost = [(tid, token) for tid, token in lost if self.leases.get(tid) == token]
+        lost = [(tid, token) for tid, token in lost if self._holds(tid, token)]
         if aborted and self.on_aborted is not None:
             for tid, token in lost:
                 if tid in aborted:
@@ -84,6 +89,21 @@ class Heartbeat:
         if failed is not None:
             raise failed  # logged by run(); what the other shards answered is acted on
         return lost
+
+    def _holds(self, task_id: str, token: int) -> bool:
+        claimed = self.leases.get(task_id)
+        return claimed is not None and claimed.token == token
+
+    def _by_shard(self, held: list[Claimed]) -> list[tuple[QueueCore, list[Claimed]]]:
+        """The leases by the shard each was claimed from (not the shard its id hashes to:
+        another program may have written the task on another), in shard order."""
+        cores = self.shards.cores
+        if len(cores) == 1:
+            return [(cores[0], held)] if held else []
+        by: dict[int, list[Claimed]] = {}
+        for c in held:
+            by.setdefault(c.shard, []).append(c)
+        return [(cores[i], by[i]) for i in sorted(by)]
 
     async def run(self) -> None:
         while True:

@@ -37,6 +37,7 @@ from delayq.worker.outcome import Finisher
 from delayq.worker.registry import Handler, Registry
 
 if TYPE_CHECKING:
+    from delayq.leasing import Claimed
     from delayq.worker.runs import Run
 
 QueueLike = Queue | AsyncQueue
@@ -158,10 +159,10 @@ class Lane:
         self.extensions: list[Extension] = []
         self.registration = Registration()
         # The runs held here (Runs): the current run of each task, and the leases the
-        # heartbeat extends (id -> token; a run leaves it once its outcome is handed to the
-        # Finisher: a lease is never extended for a result that cannot be written).
+        # heartbeat extends (id -> its claim; only while the run's state extends it,
+        # lifecycle.EXTENDED: never for a result handed to the Finisher).
         self.by_id: dict[str, Run] = {}
-        self.leases: dict[str, int] = {}
+        self.leases: dict[str, Claimed] = {}
         # Per-kind concurrency: kind -> its handler's cap, and the runs of it held (claimed,
         # not yet finished); empty when no handler has a cap, and then nothing is counted.
         self.caps: dict[str, int] = {}

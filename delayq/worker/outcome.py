@@ -37,6 +37,7 @@ class Outcome(NamedTuple):
     token: int
     due: str = ""  # retry: due spec; release: new due spec ("" keeps the due time)
     text: str = ""  # retry: error; bury: reason
+    shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
 
 
 def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
@@ -97,7 +98,7 @@ class Finisher:
 
     def _ops(self, batch: list[Outcome]) -> list[Op[list[str]]]:
         ops: list[Op[list[str]]] = []
-        for core, in_shard in self.shards.group(batch, lambda o: o.id):
+        for core, in_shard in self._by_shard(batch):
             by: dict[Action, list[Outcome]] = {}
             if all(o.action == "ack" for o in in_shard):
                 by["ack"] = in_shard  # the usual batch: every handler returned
@@ -108,6 +109,17 @@ class Finisher:
                 for i in range(0, len(items), 1000):
                     ops.append(outcome_op(core, action, items[i : i + 1000]))
         return ops
+
+    def _by_shard(self, batch: list[Outcome]) -> list[tuple[QueueCore, list[Outcome]]]:
+        """The outcomes by the shard each task was claimed from (not the shard its id
+        hashes to: another program may have written it on another), in shard order."""
+        cores = self.shards.cores
+        if len(cores) == 1:
+            return [(cores[0], batch)]
+        by: dict[int, list[Outcome]] = {}
+        for o in batch:
+            by.setdefault(o.shard, []).append(o)
+        return [(cores[i], by[i]) for i in sorted(by)]
 
     async def run(self) -> None:
         delay = 0.1

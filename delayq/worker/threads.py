@@ -29,7 +29,9 @@ class HandlerThreads:
         self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
         self._lock = threading.Lock()
         self._wake_pending = False
-        self.busy = 0  # handlers running now (read for the shutdown message)
+        # Handlers running now: counted by the threads themselves, under the lock, as each
+        # begins and returns (the shutdown's "still running" warning reads it).
+        self.busy = 0
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -74,7 +76,6 @@ class HandlerThreads:
         with self._lock:
             results, self._results = self._results, []
             self._wake_pending = False
-        self.busy = 0  # handlers running now (read for the shutdown message)
         for fut, ok, value in results:
             if fut.done():
                 continue  # cancelled: shutdown or a lost lease
