@@ -15,7 +15,7 @@ from django.test import TestCase
 from shop.models import Note
 
 import delayq.contrib.django as dq
-from delayq import ConnectionFailed, InvalidTaskError, PayloadTooLarge, Queue
+from delayq import ConfigurationError, ConnectionFailed, InvalidTaskError, PayloadTooLarge, Queue
 from delayq.contrib.django.testing import DelayqTestMixin, VirtualTime
 
 Capture = Callable[..., Any]
@@ -74,6 +74,10 @@ def test_a_task_that_could_never_be_scheduled_fails_the_call_inside_the_transact
         ({"kind": "", "payload": None}, InvalidTaskError),
         ({"kind": "note.add", "payload": None, "task_id": "x" * 1000}, InvalidTaskError),
         ({"kind": "note.add", "payload": None, "delay": -1}, InvalidTaskError),
+        ({"kind": "note.add", "payload": None, "replace": "no"}, InvalidTaskError),
+        ({"kind": "note.add", "payload": None, "durable": "no"}, InvalidTaskError),
+        ({"kind": "note.add", "payload": None, "robust": "no"}, ConfigurationError),
+        ({"kind": "note.add", "payload": None, "outbox": "no"}, ConfigurationError),
     ):
         with pytest.raises(error), transaction.atomic():
             Note.objects.create(text="kept?")

@@ -24,10 +24,11 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
+from delayq import check
 from delayq.codec import encode_payload
 from delayq.contrib.django import conf, declare
 from delayq.contrib.django.queues import registry
-from delayq.errors import ConfigurationError, Discard
+from delayq.errors import ConfigurationError, Discard, InvalidTaskError
 from delayq.queue import AsyncQueue, Queue
 from delayq.spec import CheckedSpec, new_task_id
 from delayq.task import Task
@@ -74,6 +75,10 @@ def schedule_on_commit(
             could never be scheduled.
     """
     target = _queue(queue)
+    robust = check.flag(robust, "schedule_on_commit(robust=)")
+    outbox = check.flag(outbox, "schedule_on_commit(outbox=)")
+    for name in ("replace", "durable"):  # as Queue.schedule checks them, before the commit
+        check.flag(options.get(name, False), name, InvalidTaskError)
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
         raise ConfigurationError(
