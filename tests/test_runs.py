@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from delayq import Queue, Task, Worker
 from delayq.codec import Header
 from delayq.errors import Defer
@@ -138,6 +140,28 @@ async def test_a_run_waiting_for_a_slot_is_handed_back_though_none_frees() -> No
     ]
     assert runs.busy == 1 and runs.held == 1 and not lane.leases.keys() - {"A"}
     assert runs.allowance() == 1 and runs.room() == 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 50])
+async def test_a_worker_whose_handlers_hang_claims_nothing_back_after_a_hand_back(
+    concurrency: int,
+) -> None:
+    """Every slot hangs and the runs claimed ahead are handed back: the worker then holds
+    its slots and no more, however many it has, until it sees a handler finish (with 50
+    slots and the default lookahead, a mean time of the allowance still left room for one,
+    and the worker claimed back, about once a second, the task it had just handed back)."""
+    written = Written()
+    runs = Runs(lambda ms: 0.0, lambda: None, concurrency=concurrency, lookahead=0.02, lease_s=1.2)
+    runs.service_s = 0.0001  # handlers seen fast: claims ahead
+    lane = lane_of(runs, finisher=written)
+    runs._launch = lambda run: None  # type: ignore[method-assign]  # no executor here
+    runs.start_many(lane, [claimed(f"t{i}", i + 1) for i in range(concurrency + 3)])
+    assert runs.busy == concurrency and len(runs.queued) == 3
+    await asyncio.sleep(0.2 + 0.1)  # the allowance, a sixth of the lease, passes
+    assert sorted(o.id for o in written.outcomes if o.action == "release") == [
+        f"t{i}" for i in range(concurrency, concurrency + 3)
+    ]
+    assert runs.allowance() == concurrency and runs.room() == 0
 
 
 def test_slow_handlers_get_no_tasks_claimed_ahead_from_other_workers(

@@ -299,10 +299,11 @@ class Runs:
     def _waited_out(self, run: Run) -> None:
         """``run`` waited for a slot longer than it may: it is handed back. The handlers
         hold their slots at least that long, whatever their mean time said (hung ones never
-        finish to say so): nothing more is claimed ahead until they are seen to be fast
-        again, or the worker would claim back what it just handed back."""
-        if self.service_s is None or self.service_s < self.queued_s:
-            self.service_s = self.queued_s
+        finish to say so): nothing more is claimed ahead until a handler is seen to finish
+        again (the mean starts afresh from it), or the worker would claim back what it just
+        handed back. (Setting the mean to the allowance was not enough: with 50 slots and
+        the default lookahead it still left room for one.)"""
+        self.service_s = None
         self._move(run, WAITED)
 
     def _due(self) -> int:
