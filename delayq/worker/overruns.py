@@ -41,10 +41,10 @@ class Overruns:
 
     def stuck_for(self) -> float:
         """How long (s) the oldest thread that outlived its attempt has run on since; 0 when
-        none does."""
-        if not self.runs:
-            return 0.0
-        return time.monotonic() - min(r.overrun_at for r in self.runs)
+        none does. A handler told to stop (a lost lease, an abort) counts once its TOLD_S to
+        stop has passed and it was reported: before that it may still stop as told."""
+        stuck = [r.overrun_at for r in self.runs if r not in self._told]
+        return time.monotonic() - min(stuck) if stuck else 0.0
 
     def oldest(self) -> Run | None:
         return min(self.runs, key=lambda r: r.overrun_at, default=None)
