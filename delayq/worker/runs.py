@@ -533,7 +533,7 @@ class Runs:
         if not self._move(run, ABORTED if aborted else LOST):
             return False
         tid = run.claimed.id
-        what = "not running it" if waited else "stopping it"
+        what = "not running it" if waited else "stopping its handler"
         if aborted:
             log.info("task %s was aborted; %s", tid, what)
         else:
