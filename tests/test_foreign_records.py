@@ -145,6 +145,32 @@ def test_a_field_that_is_not_utf8_buries_its_task_and_its_batch_runs(
     assert field in (dead[0].last_error or "")
 
 
+@pytest.mark.parametrize("tid", [b"capped-\xff", b"capped-format"])
+def test_a_buried_row_does_not_hold_up_its_capped_kind(
+    queue: Queue, run_worker: RunWorker, logs: Records, tid: bytes
+) -> None:
+    """A row buried as unreadable took a room of its capped kind in the claim, and no run of
+    it would ever free the room and wake the claim loop: the kind's other tasks, due at
+    once, waited for max_wait (15 s) per such row (found by the review of issue 28)."""
+    now_ms = int(time.time() * 1000)
+    queue.schedule("k", {"i": 0}, task_id="first", at=(now_ms - 30) / 1000)
+    record = GOOD if tid.endswith(b"\xff") else b'{"k":"k","f":"\xfe","c":1}\n{"n":1}'
+    write(queue, tid, record, score=now_ms - 20)
+    for i in range(5):
+        queue.schedule("k", {"i": i}, task_id=f"after-{i}", at=(now_ms - 10) / 1000)
+    worker = Worker(queue, concurrency=4)
+    ran: list[str] = []
+    worker.handler("k", concurrency=1)(lambda task: ran.append(task.id))
+    t0 = time.monotonic()
+    with run_worker(worker):
+        wait_for(lambda: len(ran) >= 6 and settled(queue), timeout=20)
+        took = time.monotonic() - t0
+    assert sorted(ran) == ["after-0", "after-1", "after-2", "after-3", "after-4", "first"]
+    assert took < 5, f"the capped kind waited {took:.1f} s behind the buried row"
+    assert dead_reason(queue, tid) is not None
+    assert logs.trouble() == []
+
+
 def test_the_dead_hooks_hear_of_a_task_id_that_is_not_utf8(
     queue: Queue, run_worker: RunWorker
 ) -> None:

@@ -202,7 +202,7 @@ class Claimer:
                 # A look that nothing prompted (see _announced_to_nobody).
                 lone = unprompted and s.index not in woken and s.next_at > soon + UNPROMPTED_S
                 try:
-                    s.next_at, got = await self._claim_from(s, limit, batches)
+                    s.next_at, got, again = await self._claim_from(s, limit, batches)
                 except DelayqError as e:
                     where = self._where(s)
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, s.backoff)
@@ -217,7 +217,9 @@ class Claimer:
                     self._announced_to_nobody(s, got)
                 batches.append((s.lane, got))
                 free -= len(got)
-                full = full or len(got) >= limit  # a full batch: more may be due right now
+                # A full batch: more may be due right now. So may a kind's room that went to a
+                # row just buried as unreadable: no run of it will free the room and wake us.
+                full = full or len(got) >= limit or again
                 if free <= 0:
                     break
             self._start(batches)
@@ -271,9 +273,10 @@ class Claimer:
         source: Source,
         free: int,
         pending: list[tuple[Lane, list[Claimed]]] | None = None,
-    ) -> tuple[float, list[Claimed]]:
+    ) -> tuple[float, list[Claimed], bool]:
         """Claim up to ``free`` tasks from ``source``; returns (loop time the source next
-        needs a look, the tasks claimed). Registration rides on each queue's home shard.
+        needs a look, the tasks claimed, whether to look again at once: rows were buried
+        that took rooms of capped kinds). Registration rides on each queue's home shard.
         ``pending``: tasks claimed from other sources in this pass, not yet started (they
         use kinds' rooms)."""
         lane = source.lane
@@ -300,8 +303,10 @@ class Claimer:
                 lane.registration.unsent()
             raise
         self.clock.observe(result.now_us / 1000, sent, self.now())
+        again = False
         if result.unreadable:  # rows another program wrote, not UTF-8: buried (unreadable.py)
             await unreadable.bury(self.runner, source.core, lane.executor, result.unreadable)
+            again = bool(lane.caps)
         next_at = math.inf
         if result.next_due_ms is not None:
             next_at = self.to_loop(result.next_due_ms)
@@ -311,7 +316,7 @@ class Claimer:
             source.throttled_until = None
         if result.next_lease_ms is not None:
             next_at = min(next_at, self.to_loop(result.next_lease_ms) + 0.001 + self.lookahead_s)
-        return next_at, result.tasks
+        return next_at, result.tasks, again
 
     def _kind_rooms(
         self, lane: Lane, pending: list[tuple[Lane, list[Claimed]]] | None
