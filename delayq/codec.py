@@ -199,6 +199,8 @@ class Attempt:
             d: float | None = float(due) if due else None
         except ValueError:
             return cls.NONE
+        if d is not None and not math.isfinite(d):  # nan or inf: no due time to show
+            d = None
         return cls(t, a, int(d) if d is not None and d.is_integer() else d)
 
 

@@ -448,3 +448,38 @@ def test_foreign_registrations_and_schedules_do_not_stop_the_cron_pass(
         wait_for(lambda: any(s.name == "hourly" and s.next_at for s in queue.schedules()))
     assert not [r for r in logs.records if r.levelno >= logging.ERROR], logs.records
     assert {w.id for w in queue.workers()} >= {"w-\\xff", "w-text", "w-junk"}
+
+
+def test_an_attempt_number_past_what_redis_replies_buries_the_task(
+    queue: Queue, run_worker: RunWorker, logs: Records
+) -> None:
+    """An attempts entry whose attempt number is 2**63 or more reached the handler as
+    attempt -9223372036854775808 (Redis turns such a Lua number into the lowest integer), ran
+    a task whose entry says its attempts are spent, and a failure was an internal error
+    (found by the review of issue 28). Now the task is dead with a reason, unrun."""
+    write(queue, b"huge", GOOD, attempt=b"1 99999999999999999999999 5")
+    queue.schedule("k", {"i": 1}, task_id="plain")
+    worker = Worker(queue)
+    ran: list[tuple[str, int]] = []
+    worker.handler("k")(lambda task: ran.append((task.id, task.attempt)))
+    with run_worker(worker):
+        wait_for(lambda: settled(queue) and ran, timeout=10)
+    assert ran == [("plain", 1)]
+    reason = dead_reason(queue, b"huge")
+    assert reason is not None and "out of range" in reason, reason
+    assert logs.trouble() == []
+
+
+@pytest.mark.parametrize("due", [b"nan", b"inf", b"-inf"])
+def test_a_due_time_that_is_no_number_in_an_attempts_entry_is_shown_without_one(
+    queue: Queue, due: bytes
+) -> None:
+    """get() and page() of an active task whose attempts entry ends in nan raised
+    ValueError (and the HTTP lookup answered 500): found by the review of issue 28."""
+    keys = queue.core.keys
+    queue.client.hset(keys.tasks, "t", GOOD)
+    queue.client.zadd(keys.active, {"t": int(time.time() * 1000) + 600_000})
+    queue.client.hset(keys.attempts, "t", b"1 1 " + due)
+    info = queue.get("t")
+    assert info is not None and info.state == "active" and info.attempts == 1
+    assert [t.id for t in queue.page("active").tasks] == ["t"]

@@ -171,6 +171,11 @@ class Executor:
         except RecordError as e:
             return str(e)
         task.max_attempts = handler.attempts_allowed(claimed.header.max_attempts)
+        if task.attempt < 1:  # an attempts entry past 2**63, as Redis gives a Lua number
+            return (
+                f"attempt number {task.attempt} is out of range: its attempts entry holds a "
+                "number delayq never writes, so another program wrote it"
+            )
         if task.attempt > task.max_attempts:
             return (
                 f"attempt {task.attempt} of at most {task.max_attempts}: no attempts left "
