@@ -60,6 +60,7 @@ L = TypeVar("L", RateLimit, None)
 
 SCHEDULE_BATCH = 1000  # tasks per script call in schedule_many
 CALLS_PER_ROUND_TRIP = 8
+MAX_DURABLE_REPLICAS = 1000  # durable_replicas: more than any deployment runs; WAITAOF takes a long
 
 
 _OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"))
@@ -204,7 +205,7 @@ class QueueBase(Generic[C]):
                 f"clock must be a delayq.testing.VirtualClock (anything with now_ms()), got "
                 f"{clock!r}"
             )
-        check.whole(durable_replicas, "durable_replicas", 0)
+        check.whole(durable_replicas, "durable_replicas", 0, MAX_DURABLE_REPLICAS)
         # The AOF fsync takes up to ~1 s under appendfsync everysec; a replica's confirmation
         # arrives with its next acknowledgement after its own fsync, about a second later.
         if durable_timeout is None:

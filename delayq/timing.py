@@ -41,14 +41,18 @@ def seconds(value: Duration, what: str = "delay") -> float:
     return secs
 
 
-def config_seconds(value: Duration, what: str) -> float:
+def config_seconds(value: Duration, what: str, least: float = 0.0, why: str = "") -> float:
     """An option's duration (a worker's lease, grace, lookahead, max_wait, a handler's
     timeout): :func:`seconds`' checks, but a bad one is a ConfigurationError, as every
-    other bad option is, not a task's InvalidTaskError."""
+    other bad option is, not a task's InvalidTaskError. ``least``: the shortest that makes
+    sense (``why`` says why), refused below it."""
     try:
-        return seconds(value, what)
+        s = seconds(value, what)
     except InvalidTaskError as e:
         raise ConfigurationError(str(e)) from None
+    if s < least:
+        raise ConfigurationError(f"{what} must be at least {least:g} s{why}, got {value!r}")
+    return s
 
 
 def at_ms(at: datetime | float | int) -> int | float:

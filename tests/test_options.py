@@ -480,3 +480,27 @@ def test_replace_and_durable_take_only_true_or_false(url: str) -> None:
         info = queue.get("a")
         assert info is not None and info.payload == 1  # not replaced
         assert queue.get("b") is None and queue.stats().scheduled == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda q: Worker(q, max_wait=0), "max_wait"),
+        (lambda q: Worker(q, max_wait=0.01), "max_wait"),
+        (lambda q: Worker(q).handler("k", timeout=0)(lambda task: None), "timeout"),
+        (lambda q: Worker(q).handler("k", timeout=0.0001)(lambda task: None), "timeout"),
+        (lambda q: Queue(q.name, url=q.url, durable_replicas=10**30), "durable_replicas"),
+    ],
+)
+def test_values_of_the_right_type_out_of_range_are_refused(
+    url: str, make: Callable[[Any], object], name: str
+) -> None:
+    """Found by the review of issue 28: Worker(max_wait=0) made an idle worker send 8,519
+    script calls in 3 s; a handler's timeout=0 made every task dead unrun; a huge
+    durable_replicas wrote the task, then failed in WAITAOF. Each is refused at the call."""
+    queue = Queue("range-" + secrets.token_hex(3), url=url)
+    try:
+        with pytest.raises(ConfigurationError, match=name):
+            make(queue)
+    finally:
+        queue.close()

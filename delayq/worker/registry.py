@@ -63,7 +63,11 @@ def make_handler(
         max_attempts=max_attempts,
         backoff=validate_backoff(backoff),
         jitter=jitter,
-        timeout=config_seconds(timeout, "timeout") if timeout is not None else None,
+        timeout=(
+            config_seconds(timeout, "timeout", 0.001, f" (for {kind!r}; None: no timeout)")
+            if timeout is not None
+            else None
+        ),
         internal=internal,
         concurrency=concurrency,
     )

@@ -70,17 +70,16 @@ class Worker:
         grace: on shutdown, how long running handlers may finish before they are handed back.
         lookahead: claim tasks due this soon and start each on a local timer, so handlers
             start within a millisecond or two of their due time.
-        max_wait: cap on any idle wait (15 s): how often an idle worker looks at the queue
-            anyway, in case a wake-up was lost without its connection dropping (a dropped
-            one is noticed, and the queue looked at, at once). It is the bound on how late a
-            silently lost wake-up can make a task: at most ``max_wait`` (plus the look's
-            round trip); a look that finds such a task subscribes again, in case the
-            subscription died without its connection knowing. Each look executes four
-            commands on the server (the claim script, ``TIME`` and the two heads), five when
-            it carries the worker's registration, so an idle worker costs about
-            ``5 / max_wait`` commands a second. It also sets how
-            often a worker held back by a rate limit looks at the limit again, and how often
-            each shard of a sharded queue is looked at while nothing is known to be due there.
+        max_wait: cap on any idle wait (15 s, at least 0.1 s): how often an idle worker looks at the
+            queue anyway, in case a wake-up was lost without its connection dropping (a dropped one
+            is noticed, and the queue looked at, at once). It is the bound on how late a silently
+            lost wake-up can make a task: at most ``max_wait`` (plus the look's round trip); a look
+            that finds such a task subscribes again, in case the subscription died without its
+            connection knowing. Each look executes four commands on the server (the claim script,
+            ``TIME`` and the two heads), five when it carries the worker's registration, so an idle
+            worker costs about ``5 / max_wait`` commands a second. It also sets how often a worker
+            held back by a rate limit looks at the limit again, and how often each shard of a
+            sharded queue is looked at while nothing is known to be due there.
         client: an existing ``redis.asyncio`` client (made with ``decode_responses=False``)
             for the worker's loops, instead of one it makes from the queue's URL; the worker
             does not close it.
@@ -114,7 +113,9 @@ class Worker:
         self.lease_s = checked_lease(lease)
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
-        self.max_wait_s = config_seconds(max_wait, "max_wait")
+        self.max_wait_s = config_seconds(
+            max_wait, "max_wait", 0.1, " (an idle worker looks at the queue this often)"
+        )
         self._client_arg = checked_client(client)
         self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
         self._configure = check.flag(configure_notifications, "configure_notifications")
