@@ -433,3 +433,31 @@ async def test_async_a_pool_the_callers_own_calls_exhaust_says_so(
         finally:
             await pool.release(theirs)
         assert (await q.schedule("k", 2)).status == "created"
+
+
+def test_a_worker_on_a_pool_of_one_is_refused_naming_the_cause(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """Found by the review of issue 28: a Worker whose queue's URL says ?max_connections=1
+    ran nothing, for ever, its claims failing with "in use by this process's other calls":
+    its wake-up subscription held the pool's only connection. It is refused at start, naming
+    the cause; a pool of two serves."""
+    from delayq import ConfigurationError, Worker
+
+    with Queue(qname, url=f"{server.url}?max_connections=1") as q:
+        worker = Worker(q)
+        worker.handler("k")(lambda task: None)
+        with pytest.raises(ConfigurationError, match=r"at least 2 connections.*max_connections=1"):
+            asyncio.run(asyncio.wait_for(worker.serve(), 10))
+    with Queue(qname, url=f"{server.url}?max_connections=2") as q:
+        q.schedule("k", {}, task_id="two")
+        worker = Worker(q)
+        ran: list[str] = []
+
+        def handle(task: object) -> None:
+            ran.append("two")
+            worker.stop()
+
+        worker.handler("k")(handle)
+        asyncio.run(asyncio.wait_for(worker.serve(), 20))
+        assert ran == ["two"]

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from delayq import leasing
 from delayq.cancel import cancel_and_wait
 from delayq.connection import async_client
-from delayq.errors import ConnectionFailed, DelayqError
+from delayq.errors import ConfigurationError, ConnectionFailed, DelayqError
 from delayq.hooks import Middleware
 from delayq.runner import AsyncRunner
 from delayq.worker.alarm import make_alarm
@@ -88,9 +88,15 @@ class Host(Protocol):
     def registration(self, lane: int = 0) -> str: ...
 
 
+MIN_WORKER_CONNECTIONS = 2  # the wake-up subscription holds one; the claims need another
+
+
 def worker_client(url: str, concurrency: int) -> Any:
-    """The connection a worker makes for itself (``Worker(client=)`` not given)."""
-    return async_client(
+    """The connection a worker makes for itself (``Worker(client=)`` not given). A
+    ``?max_connections=`` in the URL wins over the room made here: one under
+    MIN_WORKER_CONNECTIONS is refused, since the wake-up subscription would hold the only
+    connection and no claim could be sent."""
+    client = async_client(
         url,
         # Handlers may each hold a connection briefly (expiry checks): room for the loops.
         max_connections=max(100, 2 * concurrency + 16),
@@ -98,6 +104,14 @@ def worker_client(url: str, concurrency: int) -> Any:
         # connection replaced) within seconds, not after the 30 s client default.
         socket_timeout=WORKER_SOCKET_TIMEOUT_S,
     )
+    limit = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    if isinstance(limit, int) and limit < MIN_WORKER_CONNECTIONS:
+        raise ConfigurationError(
+            f"a worker needs at least {MIN_WORKER_CONNECTIONS} connections, and its queue's "
+            f"URL allows {limit} (?max_connections={limit}): its wake-up subscription holds "
+            "one; raise max_connections in the URL the worker is given, or leave it out"
+        )
+    return client
 
 
 def registration_of(host: Host, lane: Lane) -> Callable[[], str]:
