@@ -866,6 +866,10 @@ def test_a_short_token_is_refused() -> None:
         ("", "only whitespace"),
         ("   short   " + " " * 10, "at least 16 characters (it has 5)"),
         ("a-token-of-20\nchars", "control character"),
+        ("a-t\u00f6ken-of-20-chars", "outside ASCII ('\u00f6')"),
+        ("a-token\u00a0of-20-chars", "outside ASCII"),
+        ("a-token-of-20-chars-\u20ac", "outside ASCII"),
+        ("a-token-of-20-chars\u0085x", "outside ASCII"),
         (None, "must be a string"),
     ],
 )

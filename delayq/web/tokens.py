@@ -5,8 +5,9 @@ A token is written once (a flag, an environment variable, a file) and sent back 
 in ``Authorization: Bearer TOKEN``. HTTP drops the spaces around a header's value, and a
 client's library drops them around the token, so a token with spaces around it could never
 match: they are stripped at start-up (as ``--token-file`` always stripped its line's). A
-token that is nothing but spaces, too short, or holding a character no header can carry is
-refused, naming the fix.
+token that is nothing but spaces, too short, or holding a character no header can carry (a
+control character) or that clients send in different ways (outside ASCII) is refused,
+naming the fix.
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ def clean_token(token: object, *, least: int, what: str) -> str:
             f"{what} is empty or only whitespace: set it to a secret of at least {least} "
             f"characters; make one with {MAKE_ONE}"
         )
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in stripped):
+    odd = next((c for c in stripped if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if odd is not None:
         raise ConfigurationError(
-            f"{what} holds a control character, which no HTTP header can carry: use "
-            f"letters, digits and punctuation; make one with {MAKE_ONE}"
+            f"{what} holds a control character ({odd!r}), which no HTTP header can carry: "
+            f"use ASCII letters, digits and punctuation; make one with {MAKE_ONE}"
+        )
+    odd = next((c for c in stripped if ord(c) > 0x7F), None)
+    if odd is not None:  # curl sends UTF-8, Python's http.client Latin-1 or nothing at all
+        raise ConfigurationError(
+            f"{what} holds a character outside ASCII ({odd!r}), which HTTP clients send "
+            f"in different ways or not at all: use ASCII letters, digits and punctuation; "
+            f"make one with {MAKE_ONE}"
         )
     if len(stripped) < least:
         raise ConfigurationError(
