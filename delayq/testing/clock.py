@@ -73,12 +73,18 @@ class VirtualClock:
         return self.now()
 
     def advance_to(self, when: datetime) -> datetime:
-        """Move the clock forward to ``when`` (an aware datetime); returns the new now."""
+        """Move the clock forward to ``when`` (an aware datetime, never past the year 9999);
+        returns the new now."""
         ms = ms_of(when, "when")
         if ms < self._ms:
             raise ConfigurationError(
                 f"the clock only moves forward: {when.isoformat()} is before its now, "
                 f"{self.now().isoformat()}"
+            )
+        if ms > LAST_MS:
+            raise ConfigurationError(
+                f"advance_to({when.isoformat()}): the clock never moves past "
+                f"{ms_to_datetime(LAST_MS).isoformat()}, the end of the year 9999"
             )
         self._ms = ms
         return self.now()

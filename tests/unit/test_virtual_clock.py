@@ -70,3 +70,14 @@ def test_advance_to_takes_an_aware_datetime_not_before_now() -> None:
     with pytest.raises(ConfigurationError, match="only moves forward"):
         clock.advance_to(datetime(2025, 1, 1, tzinfo=UTC))
     assert clock.advance_to(datetime(9999, 12, 31, tzinfo=UTC)).year == 9999
+
+
+def test_advance_to_never_passes_the_year_9999() -> None:
+    """advance_to(datetime.max) went past the bound advance() keeps, and advance(0) was then
+    refused as 'from 0 to -1 s a step' (found by the review of issue 28)."""
+    clock = VirtualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    with pytest.raises(ConfigurationError, match="never moves past 9999-12-31T23:59:59"):
+        clock.advance_to(datetime.max.replace(tzinfo=UTC))
+    assert clock.now() == datetime(2026, 1, 1, tzinfo=UTC)
+    clock.advance_to(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC))
+    assert clock.advance(0).year == 9999
