@@ -31,6 +31,7 @@ from delayq.errors import (
 from delayq.expiring.ops import validate_key
 from delayq.http import idempotency, schemas, wire
 from delayq.http.coalesce import Coalescer
+from delayq.http.docs import Docs
 from delayq.http.openapi import document
 from delayq.http.problems import Problem, field_error, from_error, invalid
 from delayq.http.queues import Queues, protocol_version
@@ -70,6 +71,7 @@ class Api:
         self.max_body = max_body
         self.max_batch_body = max_batch_body
         self._openapi = wire.encode(document())
+        self.docs = Docs()
         # (segments with {params}, method -> handler, needs the token, body limit)
         q = "{queue}"
         self.routes: list[tuple[tuple[str, ...], dict[str, Handler], bool, int]] = [
@@ -102,6 +104,10 @@ class Api:
                 True,
                 max_body,
             ),
+            # Last: no request of the API's own routes looks at them (docs.py).
+            (("docs",), {"GET": self.docs_page}, False, 0),
+            (("docs", "{name}"), {"GET": self.docs_file}, False, 0),
+            (("docs", "{folder}", "{name}"), {"GET": self.docs_vendor}, False, 0),
         ]
 
     # -- the ASGI side --------------------------------------------------------------------------
@@ -160,7 +166,7 @@ class Api:
         raise Problem(
             "not-found",
             f"no route {scope['path']}: the API serves /v1/queues/{{queue}}/..., /healthz, "
-            "/readyz and /openapi.json",
+            "/readyz, /openapi.json and /docs (the interactive page)",
         )
 
     def authorize(self, scope: Scope) -> None:
@@ -222,6 +228,15 @@ class Api:
         reply = Reply(200)
         reply.body = self._openapi
         return reply
+
+    async def docs_page(self, request: Request) -> Reply:
+        return self.docs.page()
+
+    async def docs_file(self, request: Request) -> Reply:
+        return self.docs.asset(request.params["name"])
+
+    async def docs_vendor(self, request: Request) -> Reply:
+        return self.docs.vendor(request.params["folder"], request.params["name"])
 
     async def readyz(self, request: Request) -> Reply:
         await self.queues.ping()
