@@ -222,6 +222,9 @@ class Scheduled(str):
 
     @property
     def due_at(self) -> datetime | None:
+        """When the task is due, as the script stored it, for a task this call created or
+        replaced (the server's clock: what ``Queue.get(id).due_at`` reads); None when the
+        call left the task as it was."""
         due = getattr(self, "_due_ms", None)
         return None if due is None else ms_to_datetime(due)
 
