@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 import pytest
@@ -102,6 +103,26 @@ async def test_docs_paths_it_does_not_serve(client: httpx.AsyncClient) -> None:
     assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
     r = await client.get("/nowhere")
     assert "/docs" in r.json()["detail"]
+
+
+async def test_the_page_works_where_the_api_is_mounted(server: EmbeddedServer) -> None:
+    """Its links are relative: under app.mount("/delayq", ...), they resolve under /delayq."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    api = create_app(server.url, token=TOKEN)
+    outer = Starlette(routes=[Mount("/delayq", app=api)])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=outer), base_url="http://app"
+    ) as c:
+        page = await c.get("/delayq/docs")
+        assert page.status_code == 200, page.text
+        for link in LINKS.findall(page.text):
+            url = urljoin("http://app/delayq/docs", link)
+            assert url.startswith("http://app/delayq/docs/"), url
+            assert (await c.get(url)).status_code == 200, url
+        assert (await c.get(urljoin("http://app/delayq/docs", "openapi.json"))).status_code == 200
+    await api.state.api.aclose()
 
 
 # -- in a real browser, against delayq api -----------------------------------------------------
