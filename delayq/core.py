@@ -8,7 +8,6 @@ checks, is ``spec.py``'s; reading what the scripts reply about tasks, ``info.py`
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from delayq.spec import (
     validate_task_id,
 )
 from delayq.task import QueueStats, Scheduled, TaskInfo, WorkerInfo
-from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds
+from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds, stored_due_ms
 
 T = TypeVar("T")
 
@@ -58,11 +57,16 @@ ABORT_TRIM = 100
 # once at import against the names the decoders below unpack.
 ROWS = ("id", "score", "record", "error", "attempt")  # a task as the views read it
 SCRIPTS["schedule"].reply.require_row("status")  # one code per task: Scheduled.from_replies
+if SCRIPTS["schedule"].reply.tails != ("now",):  # then the now it ran at
+    raise ValueError("schedule.lua's reply ends with something else than {now}")
 _NEW = SCRIPTS["schedule_new"]  # its call is laid out by hand (QueueCore.schedule_new):
 if _NEW.arg_names != ("now", "channel", "id", "due", "record") or _NEW.variadic:
     raise ValueError(f"schedule_new.lua takes ARGV {_NEW.arg_names}; core.py sends others")
-if _NEW.reply.scalars != ("status",) or _NEW.reply.array:
-    raise ValueError(f"schedule_new.lua replies {_NEW.reply.text!r}; core.py reads a status")
+_NEW.reply.require_head("status", "now")
+_RESCHEDULE = SCRIPTS["reschedule"].reply
+if _RESCHEDULE.scalars != ("moved",):
+    raise ValueError(f"reschedule.lua replies {_RESCHEDULE.text!r}; core.py reads moved")
+_RESCHEDULE.require_head("moved", "now")
 _GET = SCRIPTS["get"].reply
 _GET.require_head("state", "score", "record", "error", "attempt")
 _STATS = SCRIPTS["stats"].reply
@@ -86,6 +90,12 @@ _WORKERS_NOW = _WORKERS.at("now")
 _DEAD, _SEEK = SCRIPTS["dead"].reply, SCRIPTS["seek"].reply
 for _reply in (_DEAD, _SEEK, SCRIPTS["page"].reply):
     _reply.require_row(*ROWS)
+
+
+def _reschedule_due(delay: Duration | None, at: datetime | float | int | None) -> str:
+    if delay is None and at is None:
+        raise InvalidTaskError("reschedule needs delay= or at=")
+    return due_spec(delay, at)
 
 
 @dataclass(frozen=True, init=False)
@@ -307,7 +317,10 @@ class QueueCore:
         def parse(reply: Any) -> list[str]:
             if reply is None:
                 return ids
-            return cast(list[str], Scheduled.from_replies(ids, reply))  # each one is a str
+            n = len(ids)  # (the statuses, then the now the script ran at)
+            dues = cast(list[str], rest[1::3])  # (each task's due_spec)
+            scheduled = Scheduled.from_replies(ids, reply[:n], dues, reply[n])
+            return cast(list[str], scheduled)  # each one is a str
 
         now = self.now_arg(now_ms)
         head = self._schedule_heads.get((replace, durable)) if now == "" else None
@@ -337,15 +350,21 @@ class QueueCore:
         """One task whose id ``task_id`` was just made (:func:`new_task_id`), checked and
         encoded by :meth:`encode_tasks`: ``schedule_new.lua``, what ``schedule.lua`` does
         for a task new to the queue. Parses to its :class:`Scheduled`."""
-        _, (_, due, record) = self.encode_tasks((spec,), [task_id])
+        _, (_, arg, record) = self.encode_tasks((spec,), [task_id])
+        due = cast(str, arg)  # (due_spec's)
         # (now_arg's common case inline: the server's clock)
         now = "" if now_ms is None and self.clock is None else self.now_arg(now_ms)
         keys = self._new_keys
         if keys is None:
             keys = self._new_keys = self.keys.names(_NEW.key_names)
         # (in _NEW.arg_names's order, checked at import)
-        args: list[Arg] = [now, self.keys.wake_channel, task_id, due, record]
-        return Op(_NEW, list(keys), args, functools.partial(Scheduled.of_code, task_id))
+        args: list[Arg] = [now, self.keys.wake_channel, task_id, arg, record]
+
+        def parse(reply: Any) -> Scheduled:
+            code, now = reply  # _NEW's head: {status, now}; created: due as stored
+            return Scheduled.of_code(task_id, code, stored_due_ms(due, now) if code == 1 else None)
+
+        return Op(_NEW, list(keys), args, parse)
 
     def cancel(self, task_id: str) -> Op[bool]:
         return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)
@@ -374,19 +393,38 @@ class QueueCore:
         at: datetime | float | int | None = None,
         now_ms: int | None = None,
     ) -> Op[bool]:
-        if delay is None and at is None:
-            raise InvalidTaskError("reschedule needs delay= or at=")
-        return self.op(
-            "reschedule",
-            {
-                "now": self.now_arg(now_ms),
-                "channel": self.keys.wake_channel,
-                "id": validate_task_id(task_id),
-                "due": due_spec(delay, at),
-            },
-            [],
-            lambda r: int(r) == 1,
-        )
+        due = _reschedule_due(delay, at)
+        return self._reschedule(task_id, due, now_ms, "", lambda r: int(r) == 1)
+
+    def reschedule_due(
+        self,
+        task_id: str,
+        *,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        now_ms: int | None = None,
+    ) -> Op[float | None]:
+        """:meth:`reschedule`, parsed to the due time the script stored (ms on the server's
+        clock, what ``get`` reads back), or None when the task was not waiting."""
+        due = _reschedule_due(delay, at)
+
+        def parse(reply: Any) -> float | None:
+            moved, now = reply  # _RESCHEDULE's head: {moved, now}
+            return stored_due_ms(due, now) if int(moved) == 1 else None
+
+        return self._reschedule(task_id, due, now_ms, "now", parse)
+
+    def _reschedule(
+        self, task_id: str, due: str, now_ms: int | None, reply: str, parse: Callable[[Any], T]
+    ) -> Op[T]:
+        args: dict[str, Arg] = {
+            "now": self.now_arg(now_ms),
+            "channel": self.keys.wake_channel,
+            "id": validate_task_id(task_id),
+            "due": due,
+            "reply": reply,
+        }
+        return self.op("reschedule", args, [], parse)
 
     # -- inspecting ----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from delayq.errors import TaskAborted
-from delayq.timing import ms_to_datetime
+from delayq.timing import ms_to_datetime, stored_due_ms
 
 State = Literal["scheduled", "active", "done", "dead", "aborted"]
 STATES: tuple[State, ...] = ("scheduled", "active", "done", "dead", "aborted")
@@ -169,31 +169,64 @@ class Scheduled(str):
       window, or dead, and ``replace`` was not asked for;
     - ``"running"``: ``replace=True`` was asked for, but the task is running and a running
       task is never replaced: nothing changed.
+
+    ``.due_at`` is when a task the call created or replaced is due, as the script stored it
+    (the server's clock: ``Queue.get(id).due_at`` exactly), and None when the call left
+    the task as it was.
     """
 
-    # One subclass per status, whose instances are plain strings (no __dict__): making one
-    # per task scheduled costs what copying the id does, not a Python __init__ and a dict.
-    __slots__ = ()
+    # One subclass per status, whose instances are plain strings with one slot (no
+    # __dict__): making one per task scheduled costs what copying the id does, not a Python
+    # __init__ and a dict.
+    __slots__ = ("_due_ms",)
     status: ScheduleStatus
+    _due_ms: float
 
-    def __new__(cls, task_id: str, status: ScheduleStatus | None = None) -> Scheduled:
+    def __new__(
+        cls, task_id: str, status: ScheduleStatus | None = None, due_ms: float | None = None
+    ) -> Scheduled:
         if cls is Scheduled:
             if status not in _BY_STATUS:
                 raise ValueError(f"unknown schedule status {status!r}")
             cls = _BY_STATUS[status]
-        return str.__new__(cls, task_id)
+        made = str.__new__(cls, task_id)
+        if due_ms is not None:
+            made._due_ms = due_ms
+        return made
 
     @staticmethod
-    def from_replies(ids: Sequence[str], codes: Sequence[Any]) -> list[Scheduled]:
+    def from_replies(
+        ids: Sequence[str], codes: Sequence[Any], dues: Sequence[str] = (), now: float = 0
+    ) -> list[Scheduled]:
         """From schedule.lua's status code per task (0 unchanged, 1 created, 2 replaced,
-        3 running)."""
+        3 running); with ``dues`` (each task's due argument) and the ``now`` the script
+        replied, each created or replaced task carries its stored due time."""
         new = str.__new__
-        return [new(_BY_CODE[int(c)], i) for i, c in zip(ids, codes, strict=True)]
+        if not dues:
+            return [new(_BY_CODE[int(c)], i) for i, c in zip(ids, codes, strict=True)]
+        out = []
+        for i, c, due in zip(ids, codes, dues, strict=True):
+            made = new(_BY_CODE[c := int(c)], i)
+            if c == 1 or c == 2:
+                made._due_ms = stored_due_ms(due, now)
+            out.append(made)
+        return out
 
     @staticmethod
-    def of_code(task_id: str, code: Any) -> Scheduled:
-        """From one status code (as :meth:`from_replies`)."""
-        return str.__new__(_BY_CODE[int(code)], task_id)
+    def of_code(task_id: str, code: Any, due_ms: float | None = None) -> Scheduled:
+        """From one status code (as :meth:`from_replies`), and its stored due time."""
+        made = str.__new__(_BY_CODE[int(code)], task_id)
+        if due_ms is not None:
+            made._due_ms = due_ms
+        return made
+
+    @property
+    def due_at(self) -> datetime | None:
+        """When the task is due, as the script stored it, for a task this call created or
+        replaced (the server's clock: what ``Queue.get(id).due_at`` reads); None when the
+        call left the task as it was."""
+        due = getattr(self, "_due_ms", None)
+        return None if due is None else ms_to_datetime(due)
 
     @property
     def created(self) -> bool:
@@ -207,7 +240,7 @@ class Scheduled(str):
         return f"Scheduled({str(self)!r}, status={self.status!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Scheduled, (str(self), self.status))
+        return (Scheduled, (str(self), self.status, getattr(self, "_due_ms", None)))
 
 
 def _status_class(status: ScheduleStatus) -> type[Scheduled]:

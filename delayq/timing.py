@@ -90,6 +90,16 @@ def due_spec(delay: Duration | None, at: datetime | float | int | None) -> str:
     return str(at_ms(at))
 
 
+def stored_due_ms(due: str, now: float) -> float:
+    """The due time, ms, that the scripts store for a due argument (:func:`due_spec`'s form)
+    when they run at ``now``, the ms they reply (protocol 1.1): ``lib/due.lua``'s
+    ``dq_due`` in Python, so that what a call answers is the stored score exactly, on the
+    server's clock."""
+    if due[0] == "+":
+        return now + float(due[1:])
+    return float(due)
+
+
 _MAX_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z, the last second datetime can hold
 
 

@@ -58,6 +58,27 @@ def test_schedule_returns_the_given_id_and_stores_the_task(api: Any) -> None:
     assert 890 < remaining <= 900
 
 
+def test_scheduled_carries_the_due_time_the_script_stored(api: Any) -> None:
+    """Scheduled.due_at is the stored due time (the server's clock), exactly what get()
+    reads, for every way one is scheduled; None when the call left the task as it was."""
+    when = datetime(2030, 1, 2, 3, 4, 5, 250000, tzinfo=UTC)
+    made = [
+        api.schedule("k", delay=60),  # a new id: schedule_new.lua
+        api.schedule("k", delay=60, task_id="mine"),  # schedule.lua, one task
+        api.schedule("k", at=when, task_id="at"),
+        api.schedule("k", delay=5, task_id="mine", replace=True),
+        *api.schedule_many([TaskSpec("k", delay=d) for d in (0, 1.5, 3600)]),
+    ]
+    assert [s.status for s in made].count("created") == 6 and made[3].status == "replaced"
+    assert made[1].due_at is not None and made[3].due_at is not None
+    assert made[3].due_at < made[1].due_at  # (replaced: 5 s instead of 60)
+    for s in {str(s): s for s in made}.values():  # the last answer for each id
+        info = api.get(s)
+        assert s.due_at is not None and s.due_at == info.due_at, s
+    assert made[2].due_at == when
+    assert api.schedule("k", delay=9, task_id="mine").due_at is None  # unchanged
+
+
 def test_generated_ids_are_unique_and_short(api: Any) -> None:
     ids = {api.schedule("k", i, delay=60) for i in range(200)}
     assert len(ids) == 200

@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -347,6 +348,11 @@ def test_scheduled_is_the_id_as_a_str_with_its_status() -> None:
     assert json.dumps({"id": s}) == '{"id": "order:42"}'
     back = pickle.loads(pickle.dumps(s))
     assert back == "order:42" and back.status == "replaced"
+    assert s.due_at is None  # (given no due time)
+    due = Scheduled("order:43", "created", 1_893_546_245_250.5)
+    again = pickle.loads(pickle.dumps(due))
+    assert again.due_at == due.due_at == datetime(2030, 1, 2, 1, 4, 5, 250500, tzinfo=UTC)
+    assert not hasattr(due, "__dict__")  # (a slot: no dict per task)
     assert [x.status for x in Scheduled.from_replies(["a", "b", "c", "d"], [0, 1, 2, 3])] == [
         "unchanged",
         "created",

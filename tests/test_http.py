@@ -23,6 +23,7 @@ from delayq import Queue, Worker
 from delayq.embedded import EmbeddedServer, free_port
 from delayq.errors import ConfigurationError
 from delayq.http import create_app
+from delayq.timing import ms_to_datetime
 
 from .conftest import ROOT
 
@@ -431,6 +432,55 @@ async def test_reschedule_moves_a_waiting_task(
     assert info is not None and info.due_at == datetime(2032, 1, 1, tzinfo=UTC)
     r = await client.patch(f"/v1/queues/{qname}/tasks/r1", json={"delay": 0})
     assert r.status_code == 200 and sq.stats().due == 1
+
+
+def _stored(sq: Queue, tid: str) -> str:
+    """A waiting task's due time as the scheduled set holds it, in the API's form."""
+    score = sq.client.zscore(sq.core.keys.scheduled, tid)
+    assert score is not None, tid
+    return ms_to_datetime(score).isoformat()
+
+
+async def test_the_answered_due_at_is_the_stored_one_for_single_batch_and_patch(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    """Issue 31 item 2: the due_at answered on create and on PATCH is the one the script
+    stored (server clock), exactly as GET gives it, not one computed in the API process. A
+    delay is added to the server's now, in whole ms; the API's clock carries microseconds,
+    so an answer computed there (as before) is not the stored one."""
+    url = f"/v1/queues/{qname}/tasks"
+    answered: dict[str, str] = {}
+    for i, body in enumerate(
+        [
+            {"kind": "k", "delay": 900},
+            {"kind": "k", "id": "given", "delay": 30},
+            {"kind": "k", "delay": "15m"},
+            {"kind": "k", "at": "2031-05-06T09:10:11.123456+02:00"},
+        ]
+    ):
+        r = await client.post(url, json=body)
+        assert r.status_code == 201, (i, r.text)
+        answered[r.json()["id"]] = r.json()["due_at"]
+    r = await client.post(
+        f"{url}/batch",
+        json={"tasks": [{"kind": "k", "delay": d} for d in (0, 1, 60, 3600, 0.25)]},
+    )
+    assert r.status_code == 200, r.text
+    answered |= {t["id"]: t["due_at"] for t in r.json()["tasks"]}
+    r = await client.post(url, json={"kind": "k", "id": "given", "delay": 5, "replace": True})
+    assert r.status_code == 200 and r.json()["status"] == "replaced", r.text
+    answered["given"] = r.json()["due_at"]
+    for tid in ("given", next(iter(answered))):
+        r = await client.patch(f"{url}/{tid}", json={"delay": 120})
+        assert r.status_code == 200, r.text
+        answered[tid] = r.json()["due_at"]
+    assert len(answered) == 9
+    for tid, due in answered.items():
+        got = await client.get(f"{url}/{tid}")
+        assert got.status_code == 200, got.text
+        assert due == got.json()["due_at"] == _stored(sq, tid), tid
+    delayed = [d for tid, d in answered.items() if not d.startswith("2031")]
+    assert all(datetime.fromisoformat(d).microsecond % 1000 == 0 for d in delayed), delayed
 
 
 async def test_reschedule_refusals(client: httpx.AsyncClient, qname: str, sq: Queue) -> None:

@@ -271,7 +271,8 @@ class QueueMachine(RuleBasedStateMachine):
         when = {"at": due / 1000} if absolute else {"delay": (due - now) / 1000}
         specs = [TaskSpec("job", self.serial, task_id=i, max_attempts=m, **when) for i in ids]
         op = self.core.schedule(specs, replace=replace, now_ms=now)
-        statuses = self.run(dataclasses.replace(op, parse=lambda reply: reply))
+        *statuses, ran_at = self.run(dataclasses.replace(op, parse=lambda reply: reply))
+        assert ran_at == now, "then the now the script ran at"
         want = [model.schedule(i, due, m, str(self.serial).encode(), replace) for i in ids]
         assert [int(s) for s in statuses] == want, "created 1, replaced 2, unchanged 0, running 3"
         model.bump("scheduled", sum(1 for s in want if s in (1, 2)))

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -177,16 +178,24 @@ def test_what_node_writes_python_reads_and_the_scripts_load_on_noscript(
           {{ taskId: 'a', at: {at!r}, maxAttempts: 3, headers: {{ tenant: 'acme' }} }});
         const again = await q.schedule('mail.send', null, {{ taskId: 'a', delay: 5 }});
         const moved = await q.schedule('mail.send', 2, {{ taskId: 'a', delay: 7, replace: true }});
+        const movedInfo = await q.get('a');
         const b = await q.schedule('other');
+        const bInfo = await q.get(b.id);
         const rescheduled = await q.reschedule('a', {{ delay: 60 }});
         const unknown = await q.get('nope');
         const info = await q.get('a');
         await q.close();
-        return {{ a, again, moved, b, rescheduled, unknown, info }};
+        return {{ a, again, moved, movedInfo, b, bInfo, rescheduled, unknown, info }};
         """,
     )
-    assert out["a"] == {"id": "a", "status": "created"}
+    assert out["a"] == {"id": "a", "status": "created", "dueAt": out["a"]["dueAt"]}
     assert out["again"]["status"] == "unchanged" and out["moved"]["status"] == "replaced"
+    # dueAt: the due time the script stored (protocol 1.1), what get answers; null when the
+    # call left the task as it was.
+    a_due = datetime.fromisoformat(out["a"]["dueAt"].replace("Z", "+00:00")).timestamp()
+    assert abs(a_due - at) < 0.001 and out["again"]["dueAt"] is None
+    assert out["moved"]["dueAt"] == out["movedInfo"]["dueAt"] is not None
+    assert out["b"]["dueAt"] == out["bInfo"]["dueAt"] is not None
     assert len(out["b"]["id"]) == 16 and out["b"]["status"] == "created"
     assert out["rescheduled"] is True and out["unknown"] is None
     assert out["info"]["payload"] == 2 and out["info"]["headers"] == {}

@@ -216,6 +216,13 @@ def _run(r: redis.Redis, name: str, qname: str, args: dict[str, Any], rest: list
 
 
 def _schedule(r: redis.Redis, qname: str, tasks: list[tuple[str, str, str]], replace: bool) -> Any:
+    """The statuses, read as a 1.0 caller reads them: the first entries of the reply."""
+    return _schedule_reply(r, qname, tasks, replace)[: len(tasks)]
+
+
+def _schedule_reply(
+    r: redis.Redis, qname: str, tasks: list[tuple[str, str, str]], replace: bool
+) -> Any:
     args = {
         "now": "",
         "dedupe_ms": 86400000,
@@ -224,6 +231,39 @@ def _schedule(r: redis.Redis, qname: str, tasks: list[tuple[str, str, str]], rep
         "durable": "0",
     }
     return _run(r, "schedule", qname, args, [x for task in tasks for x in task])
+
+
+def test_schedule_and_reschedule_reply_the_now_that_gives_each_stored_due_time(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """Protocol 1.1: schedule's reply is the statuses, where a 1.0 caller reads them, then
+    the now (ms) the call ran at: a task created or replaced with "+ms" is stored due at
+    now + ms, one with an absolute due at that number. reschedule says the same with its
+    reply argument "now"; without it, its reply is 1.0's bare 0 or 1."""
+    keys = QueueKeys(qname)
+    r = redis.Redis.from_url(server.url)
+    try:
+        tasks = [
+            ("rel", "+60000", _record("k", "1")),
+            ("abs", "1732900000000.25", _record("k", "1")),
+            ("rel", "+5", _record("k", "2")),  # the same id again: unchanged, not written
+        ]
+        before = r.time()
+        reply = _schedule_reply(r, qname, tasks, False)
+        assert reply[:3] == [1, 1, 0] and len(reply) == 4
+        now = reply[3]
+        assert isinstance(now, int) and now >= before[0] * 1000 + before[1] // 1000
+        assert r.zscore(keys.scheduled, "rel") == now + 60000
+        assert r.zscore(keys.scheduled, "abs") == 1732900000000.25
+        args = {"now": "", "channel": keys.wake_channel, "id": "rel", "due": "+7000"}
+        moved, now = _run(r, "reschedule", qname, {**args, "reply": "now"}, [])
+        assert moved == 1 and r.zscore(keys.scheduled, "rel") == now + 7000
+        assert _run(r, "reschedule", qname, {**args, "reply": ""}, []) == 1
+        assert _run(r, "reschedule", qname, {**args, "id": "no", "reply": ""}, []) == 0
+        moved, now = _run(r, "reschedule", qname, {**args, "id": "no", "reply": "now"}, [])
+        assert moved == 0 and isinstance(now, int)
+    finally:
+        r.close()
 
 
 def _record(kind: str, payload: str) -> str:

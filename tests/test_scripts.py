@@ -155,8 +155,15 @@ def spec(
 
 
 def statuses(op: Op[Any]) -> Op[list[int]]:
-    """schedule's parser returns the ids; tests want the script's per-task status."""
-    return dc_replace(op, parse=lambda reply: [int(x) for x in reply])
+    """schedule's parser returns the ids; tests want the script's per-task status. The
+    reply ends with the now the script ran at (protocol 1.1): the tests' NOW."""
+
+    def parse(reply: Any) -> list[int]:
+        *codes, now = reply
+        assert now == NOW, "schedule.lua replies the now it ran at after the statuses"
+        return [int(x) for x in codes]
+
+    return dc_replace(op, parse=parse)
 
 
 def claimed(op: Op[ClaimResult]) -> Op[tuple[Any, ...]]:
@@ -368,7 +375,13 @@ def sched_new(
     """One task with an id just made (``Queue.schedule`` without task_id), as its status."""
     at = None if at_ms is None else at_ms / 1000
     task = TaskSpec("job", "new", delay=delay, at=at, max_attempts=m)
-    return lambda c: dc_replace(c.schedule_new(task, task_id, now_ms=NOW), parse=int)
+
+    def parse(reply: Any) -> int:
+        status, now = reply
+        assert now == NOW, "schedule_new.lua replies {status, now}"
+        return int(status)
+
+    return lambda c: dc_replace(c.schedule_new(task, task_id, now_ms=NOW), parse=parse)
 
 
 @pytest.mark.parametrize(
@@ -1051,6 +1064,50 @@ def test_reschedule_moves_only_waiting_tasks(queue: Queue, case: Case) -> None:
     check(queue, case)
 
 
+def resched_due(delay: float | None = None, at_ms: float | None = None) -> Build:
+    at = None if at_ms is None else at_ms / 1000
+    return lambda c: c.reschedule_due("a", delay=delay, at=at, now_ms=NOW)
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "a waiting task moved answers the due it stored, now+delay",
+            WAITING,
+            resched_due(delay=5),
+            NOW + 5_000,
+            dc_replace(WAITING, scheduled={"a": NOW + 5_000}),
+        ),
+        Case(
+            "a waiting task moved to an absolute time answers that time",
+            WAITING,
+            resched_due(at_ms=NOW - 20),
+            NOW - 20,
+            dc_replace(WAITING, scheduled={"a": NOW - 20}),
+        ),
+        Case("an active task is not moved: no due", ACTIVE, resched_due(delay=5), None),
+        Case("an unknown id is not created: no due", S(), resched_due(delay=5), None),
+    ),
+)
+def test_reschedule_with_reply_now_answers_the_stored_due(queue: Queue, case: Case) -> None:
+    """reply "now" (protocol 1.1): {moved, now}, from which the stored due follows exactly."""
+    check(queue, case)
+
+
+def test_reschedule_without_reply_answers_moved_alone_as_in_1_0(queue: Queue) -> None:
+    """A 1.0 caller sends four arguments: the reply is the bare 1 or 0 it always was."""
+    seed(queue.client, queue.core.keys, WAITING)
+    op = queue.core.reschedule("a", delay=5, now_ms=NOW)
+    script = op.script
+    assert script.arg_names[-1] == "reply"
+    r = queue.client
+    assert r.eval(script.source, len(op.keys), *op.keys, *op.args[:-1]) == 1
+    assert r.eval(script.source, len(op.keys), *op.keys, *op.args[:-1]) == 1
+    r.zrem(queue.core.keys.scheduled, "a")
+    assert r.eval(script.source, len(op.keys), *op.keys, *op.args[:-1]) == 0
+
+
 # -- dead set: replay, purge -------------------------------------------------------------
 
 SPENT = T(a=3, m=3, t=9, d=NOW - 9_000)
@@ -1314,6 +1371,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.cancel("a"),
         core.abort("a", now_ms=NOW),
         core.reschedule("a", delay=1, now_ms=NOW),
+        core.reschedule_due("a", delay=1, now_ms=NOW),
         core.replay(["a"], now_ms=NOW),
         core.purge_dead(before_ms=NOW),
         core.get("a"),
@@ -1554,6 +1612,6 @@ def test_schedule_sees_its_own_pending_writes_when_one_call_holds_an_id_twice(
     args = {"now": now, "dedupe_ms": core.dedupe_ms, "replace": replace}
     args |= {"channel": core.keys.wake_channel, "durable": "0"}
     op = core.op("schedule", args, first + second, lambda reply: reply)
-    assert SyncRunner(queue.client).run(op) == statuses
+    assert SyncRunner(queue.client).run(op) == [*statuses, now]  # (then the now it ran at)
     assert queue.client.zscore(core.keys.scheduled, "dup") == now + due
     assert queue.client.hlen(core.keys.tasks) == 1

@@ -208,6 +208,14 @@ function shardOf(taskId, n) {
   return crc32(Buffer.from(taskId, 'utf8')) % n;
 }
 
+/**
+ * The due time (ms) the scripts store for a due argument when they run at `now`, the now
+ * schedule replies after its statuses (protocol 1.1): lib/due.lua's dq_due.
+ */
+function storedDue(due, now) {
+  return due[0] === '+' ? Number(now) + Number(due.slice(1)) : Number(due);
+}
+
 function msToDate(ms) {
   return ms == null ? null : new Date(Number(ms));
 }
@@ -449,8 +457,10 @@ class Queue {
   /**
    * Schedule many tasks in a few round trips; every task is validated before any is sent.
    * Each task: {kind, payload, delay (s) | at (Date or Unix s), taskId, maxAttempts,
-   * headers}. Returns [{id, status}] in the order given; status is 'created', 'replaced',
-   * 'unchanged' or 'running' (see Queue.schedule in delayq's docs).
+   * headers}. Returns [{id, status, dueAt}] in the order given; status is 'created',
+   * 'replaced', 'unchanged' or 'running' (see Queue.schedule in delayq's docs); dueAt, for a
+   * task created or replaced, is the due time the script stored (the server's clock: what
+   * get answers), else null.
    */
   async scheduleMany(tasks, { replace = false } = {}) {
     const createdMs = Date.now();
@@ -469,6 +479,7 @@ class Queue {
       byShard.get(shard).push(i);
     });
     const statuses = new Array(encoded.length);
+    const dues = new Array(encoded.length).fill(null);
     const calls = [];
     for (const [shard, indexes] of byShard) {
       const tag = this.tag(shard);
@@ -486,13 +497,18 @@ class Queue {
         // Sent together: node-redis pipelines the calls of one tick.
         calls.push(
           this.call('schedule', tag, args, rest).then((reply) => {
-            chunk.forEach((i, j) => (statuses[i] = STATUS[Number(reply[j])]));
+            const now = reply[chunk.length]; // after the statuses: the now the call ran at
+            chunk.forEach((i, j) => {
+              const code = Number(reply[j]);
+              statuses[i] = STATUS[code];
+              if (code === 1 || code === 2) dues[i] = msToDate(storedDue(encoded[i].due, now));
+            });
           })
         );
       }
     }
     await Promise.all(calls);
-    return ids.map((id, i) => ({ id, status: statuses[i] }));
+    return ids.map((id, i) => ({ id, status: statuses[i], dueAt: dues[i] }));
   }
 
   /** Schedule one task; options as one task of scheduleMany, plus replace. */
@@ -516,7 +532,7 @@ class Queue {
     if (delay == null && at == null) throw new InvalidTaskError('reschedule needs delay or at');
     await this.check(false);
     const tag = this.tag(shardOf(taskId, this.n));
-    const args = { now: '', channel: this.key(tag, 'wake_channel'), id: taskId };
+    const args = { now: '', channel: this.key(tag, 'wake_channel'), id: taskId, reply: '' };
     return Number(await this.call('reschedule', tag, { ...args, due: dueSpec(delay, at) })) === 1;
   }
 

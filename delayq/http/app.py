@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace as replace_spec
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aredis
@@ -31,6 +31,7 @@ from delayq.errors import (
 from delayq.expiring.ops import validate_key
 from delayq.http import idempotency, schemas, wire
 from delayq.http.coalesce import Coalescer
+from delayq.http.docs import Docs
 from delayq.http.openapi import document
 from delayq.http.problems import Problem, field_error, from_error, invalid
 from delayq.http.queues import Queues, protocol_version
@@ -39,6 +40,7 @@ from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
 from delayq.spec import TaskSpec, new_task_ids, validate_task_id
 from delayq.task import Scheduled, TaskInfo
+from delayq.timing import ms_to_datetime
 from delayq.web.tokens import Token
 
 log = logging.getLogger("delayq.http")
@@ -69,6 +71,7 @@ class Api:
         self.max_body = max_body
         self.max_batch_body = max_batch_body
         self._openapi = wire.encode(document())
+        self.docs = Docs()
         # (segments with {params}, method -> handler, needs the token, body limit)
         q = "{queue}"
         self.routes: list[tuple[tuple[str, ...], dict[str, Handler], bool, int]] = [
@@ -101,6 +104,10 @@ class Api:
                 True,
                 max_body,
             ),
+            # Last: no request of the API's own routes looks at them (docs.py).
+            (("docs",), {"GET": self.docs_page}, False, 0),
+            (("docs", "{name}"), {"GET": self.docs_file}, False, 0),
+            (("docs", "{folder}", "{name}"), {"GET": self.docs_vendor}, False, 0),
         ]
 
     # -- the ASGI side --------------------------------------------------------------------------
@@ -159,7 +166,7 @@ class Api:
         raise Problem(
             "not-found",
             f"no route {scope['path']}: the API serves /v1/queues/{{queue}}/..., /healthz, "
-            "/readyz and /openapi.json",
+            "/readyz, /openapi.json and /docs (the interactive page)",
         )
 
     def authorize(self, scope: Scope) -> None:
@@ -222,6 +229,15 @@ class Api:
         reply.body = self._openapi
         return reply
 
+    async def docs_page(self, request: Request) -> Reply:
+        return self.docs.page()
+
+    async def docs_file(self, request: Request) -> Reply:
+        return self.docs.asset(request.params["name"])
+
+    async def docs_vendor(self, request: Request) -> Reply:
+        return self.docs.vendor(request.params["folder"], request.params["name"])
+
     async def readyz(self, request: Request) -> Reply:
         await self.queues.ping()
         out: dict[str, Any] = {"status": "ready"}
@@ -282,7 +298,7 @@ class Api:
                 )
             except (InvalidTaskError, ConnectionFailed) as e:
                 raise from_error(e, "/payload", id=tid) from None
-            (result,) = await _results(q, [s], [spec])
+            (result,) = await _results(q, [s])
             return wire.encoded(201 if s.status == "created" else 200, result)
 
         return await self.run(request, work)
@@ -308,7 +324,7 @@ class Api:
                     scheduled=[{"index": where[t], "id": str(t)} for t in e.scheduled],
                     unconfirmed=[{"index": where[t], "id": str(t)} for t in e.unconfirmed],
                 ) from None
-            results = await _results(q, done, specs)
+            results = await _results(q, done)
             return wire.encoded(200, b'{"tasks":[' + b",".join(results) + b"]}")
 
         return await self.run(request, work)
@@ -347,8 +363,10 @@ class Api:
             )
 
         async def work(q: AsyncQueue) -> Reply:
-            if await q.reschedule(tid, delay=f.get("delay"), at=f.get("at")):
-                return Reply(200, {"id": tid, "due_at": _iso(_due(f))})
+            op = q.shards.of(tid).reschedule_due(tid, delay=f.get("delay"), at=f.get("at"))
+            due = await q.execute(op)  # the due time the script stored, as get reads it
+            if due is not None:
+                return Reply(200, {"id": tid, "due_at": _iso(ms_to_datetime(due))})
             raise await _why_not(q, tid, "rescheduled")
 
         return await self.run(request, work)
@@ -425,22 +443,10 @@ def _problem_of(e: Exception, scope: Scope) -> Problem:
     )
 
 
-def _due(f: dict[str, Any], now: datetime | None = None) -> datetime:
-    """When a task sent with these fields is due: ``at``, else now plus ``delay`` on this
-    process's clock (the server adds the delay to its own clock; they agree to within the
-    machines' clock skew)."""
-    return _due_at(f.get("delay"), f.get("at"), now)
-
-
-def _due_at(delay: Any, at: Any, now: datetime | None = None) -> datetime:
-    if at is not None:
-        return at  # type: ignore[no-any-return]
-    return (now or datetime.now(UTC)) + timedelta(seconds=delay or 0)
-
-
-async def _results(q: AsyncQueue, done: list[Scheduled], specs: Sequence[TaskSpec]) -> list[bytes]:
+async def _results(q: AsyncQueue, done: list[Scheduled]) -> list[bytes]:
     """What each schedule did, as a JSON object: ``{"id", "due_at", "created", "status"}``.
-    A task created or moved is due as asked; for one left as it was (its id exists), its own
+    A task created or moved is due when the script stored it (``Scheduled.due_at``: what
+    ``GET`` answers, to the microsecond); for one left as it was (its id exists), its own
     due time is read back, all in one round trip. (Encoded here: a batch's tasks repeat
     their due times and statuses, so what follows the id is encoded once for each pair.)"""
     kept = [i for i, s in enumerate(done) if s.status in ("unchanged", "running")]
@@ -448,19 +454,14 @@ async def _results(q: AsyncQueue, done: list[Scheduled], specs: Sequence[TaskSpe
     if kept:
         ops = [q.shards.of(done[i]).get(done[i]) for i in kept]
         infos = dict(zip(kept, await q.runner.run_many(ops), strict=True))
-    now = datetime.now(UTC)
-    dues: dict[tuple[Any, Any], str | None] = {}  # a batch's tasks repeat their delays
     tails: dict[tuple[str | None, str], bytes] = {}
     out = []
-    for i, (s, spec) in enumerate(zip(done, specs, strict=True)):
+    for i, s in enumerate(done):
         if i in infos:
             info = infos[i]
             due = _iso(info.due_at) if info is not None else None
         else:
-            key = (spec.delay, spec.at)
-            due = dues.get(key)
-            if due is None:
-                due = dues[key] = _iso(_due_at(spec.delay, spec.at, now))
+            due = _iso(s.due_at)
         status = s.status
         tail = tails.get((due, status))
         if tail is None:  # ("due_at", "created", "status", after "id": a dict's order)

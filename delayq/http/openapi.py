@@ -143,7 +143,8 @@ _SCHEDULED = {
         "id": {"type": "string"},
         "due_at": dict(
             _NULLABLE_ISO,
-            description="When the task is due (for a task left as it was, its own due time).",
+            description="When the task is due, as stored on the Redis server's clock (what GET "
+            "answers); for a task left as it was, its own due time.",
         ),
         "created": {"type": "boolean", "description": "False when the id existed already."},
         "status": {"type": "string", "enum": ["created", "replaced", "unchanged", "running"]},
@@ -370,7 +371,13 @@ def document() -> dict[str, Any]:
                         {
                             "type": "object",
                             "required": ["id", "due_at"],
-                            "properties": {"id": {"type": "string"}, "due_at": _ISO},
+                            "properties": {
+                                "id": {"type": "string"},
+                                "due_at": dict(
+                                    _ISO,
+                                    description="The new due time, as stored (what GET answers).",
+                                ),
+                            },
                         },
                         "Rescheduled.",
                     ),

@@ -4,16 +4,20 @@
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] id
 -- ARGV[4] due        "+ms" from now, or absolute ms
--- REPLY moved
--- Returns: 1 if the task was waiting and moved, else 0 (running, finished, dead or unknown).
+-- ARGV[5] reply      (protocol 1.1) "now": reply {moved, now}; absent or "": moved alone (1.0)
+-- REPLY moved | {moved, now}
+-- Returns: moved: 1 if the task was waiting and moved, else 0 (running, finished, dead or
+--          unknown). now: the now the call ran at, ms: a task moved is stored due at now + ms
+--          for a due "+ms", at the number sent otherwise (lib/due.lua).
 --@include clock
 --@include due
 --@include head
 --@include wake
-if not redis.call('ZSCORE', K.scheduled, A.id) then return 0 end
 local now = dq_now(A.now)
+local with_now = A.reply == 'now'
+if not redis.call('ZSCORE', K.scheduled, A.id) then return with_now and {0, now} or 0 end
 local old_head = dq_head(K.scheduled)
 local due = dq_due(A.due, now)
 redis.call('ZADD', K.scheduled, 'XX', due, A.id)
 dq_wake(A.channel, old_head, due)
-return 1
+return with_now and {1, now} or 1

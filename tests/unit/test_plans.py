@@ -30,10 +30,13 @@ from delayq.runner import (
     batch_plan,
     cluster_trip_plan,
 )
+from delayq.timing import ms_to_datetime
 
 # (what the step must equal, or a check of it; what it replies: a value, or an exception
 # it raises as the Redis client would)
 Expect = tuple[Step | Callable[[Step], bool], Any]
+
+NOW = 1_764_000_000_000  # the now a schedule script replies (ms)
 
 
 class ScriptedRunner(SyncRunner):
@@ -178,7 +181,7 @@ def test_schedule_durable_with_no_fsync_is_a_durability_error(
             _count_check(),
             # the schedule call's reply ("created"), then one connection's waits: WAITAOF
             # 1 0 1000 replied [0 local fsyncs, 0 replicas]
-            (_trip_of(1, Durable(1000)), [[1], [[[0, 0]]]]),
+            (_trip_of(1, Durable(1000)), [[1, NOW], [[[0, 0]]]]),
         ],
     )
     with pytest.raises(DurabilityError) as err:
@@ -192,10 +195,11 @@ def test_schedule_durable_with_no_fsync_is_a_durability_error(
 
 def test_schedule_durable_with_the_fsync_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
     queue, runner = _queue(
-        monkeypatch, [_count_check(), (_trip_of(1, Durable(1000)), [[1], [[[1, 0]]]])]
+        monkeypatch, [_count_check(), (_trip_of(1, Durable(1000)), [[1, NOW], [[[1, 0]]]])]
     )
     got = queue.schedule("email", None, task_id="t-1", durable=True)
     assert (str(got), got.status) == ("t-1", "created")
+    assert got.due_at == ms_to_datetime(NOW)  # (due at once: the now the script replied)
     runner.done()
 
 
@@ -211,7 +215,7 @@ def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
         monkeypatch,
         [
             _count_check(),
-            (_trip_of(8), [[1, 1]] * 8),
+            (_trip_of(8), [[1, 1, NOW]] * 8),
             (_trip_of(2), RedisConnectionError("Connection reset by peer")),
         ],
     )
@@ -229,7 +233,7 @@ def test_schedule_many_partly_refused_says_what_was_and_may_be_scheduled(
 
 def test_schedule_many_all_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(delayq.base, "SCHEDULE_BATCH", 2)
-    queue, runner = _queue(monkeypatch, [_count_check(), (_trip_of(2), [[1, 0], [3]])])
+    queue, runner = _queue(monkeypatch, [_count_check(), (_trip_of(2), [[1, 0, NOW], [3, NOW]])])
     got = queue.schedule_many([{"kind": "k", "task_id": f"t-{i}"} for i in range(3)])
     assert [(str(s), s.status) for s in got] == [
         ("t-0", "created"),

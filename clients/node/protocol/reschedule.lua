@@ -1,14 +1,17 @@
 local K = {scheduled = KEYS[1]}
-local A = {now = ARGV[1], channel = ARGV[2], id = ARGV[3], due = ARGV[4]}
-local REST = 5
+local A = {now = ARGV[1], channel = ARGV[2], id = ARGV[3], due = ARGV[4], reply = ARGV[5]}
+local REST = 6
 -- reschedule: move a waiting task to a new due time.
 -- KEYS[1] scheduled
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] id
 -- ARGV[4] due        "+ms" from now, or absolute ms
--- REPLY moved
--- Returns: 1 if the task was waiting and moved, else 0 (running, finished, dead or unknown).
+-- ARGV[5] reply      (protocol 1.1) "now": reply {moved, now}; absent or "": moved alone (1.0)
+-- REPLY moved | {moved, now}
+-- Returns: moved: 1 if the task was waiting and moved, else 0 (running, finished, dead or
+--          unknown). now: the now the call ran at, ms: a task moved is stored due at now + ms
+--          for a due "+ms", at the number sent otherwise (lib/due.lua).
 -- The one clock: the server's TIME in ms, unless the caller passes an explicit "now"
 -- (tests run a script as of a given time).
 local function dq_now(arg)
@@ -33,10 +36,11 @@ local function dq_wake(channel, old_head, new_due)
     redis.call('PUBLISH', channel, tostring(new_due))
   end
 end
-if not redis.call('ZSCORE', K.scheduled, A.id) then return 0 end
 local now = dq_now(A.now)
+local with_now = A.reply == 'now'
+if not redis.call('ZSCORE', K.scheduled, A.id) then return with_now and {0, now} or 0 end
 local old_head = dq_head(K.scheduled)
 local due = dq_due(A.due, now)
 redis.call('ZADD', K.scheduled, 'XX', due, A.id)
 dq_wake(A.channel, old_head, due)
-return 1
+return with_now and {1, now} or 1

@@ -19,10 +19,13 @@ local REST = 6
 -- ARGV[5] durable    "1": write even if nothing changes, so that the WAITAOF after it also
 --                    covers an earlier, unconfirmed call that wrote these tasks (a resend)
 -- ARGV[6...] tasks   triples: id, due ("+ms" from now, or absolute ms), record
--- REPLY per task {status}
+-- REPLY per task {status} then {now}
 -- Returns: one status per task: 1 created, 2 replaced, 0 unchanged (waiting, running,
 --          done or aborted within the dedupe window, or dead), 3 not replaced because it is running
---          (only with replace "1": a running task is never replaced).
+--          (only with replace "1": a running task is never replaced); then (protocol 1.1) the
+--          now the call ran at, ms: a task created or replaced is stored due at now + ms for
+--          a due "+ms", at the number sent otherwise (lib/due.lua). A 1.0 caller reads the
+--          statuses alone: they are where they were.
 -- The one clock: the server's TIME in ms, unless the caller passes an explicit "now"
 -- (tests run a script as of a given time).
 local function dq_now(arg)
@@ -166,4 +169,5 @@ for i = 1, nf, 1000 do
 end
 if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)
+out[no + 1] = now
 return out
