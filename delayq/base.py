@@ -349,7 +349,7 @@ class QueueBase(Generic[C]):
             made = build()
         settings = self.shards.settings
         yield from self._check_shards_plan()
-        if self.shards.settings is not settings:
+        if self.shards.settings != settings:
             made = build()  # the queue's settings differ from those it was built with
         return made
 
