@@ -16,10 +16,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq import check, controls, hooks
-from delayq.codec import DEFAULT_MAX_PAYLOAD
 from delayq.connection import check_client, resolve_url
 from delayq.controls import Controls, RateLimit
-from delayq.core import DEFAULT_DEDUPE_WINDOW, MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
+from delayq.core import MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
 from delayq.cron import facade as cron
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
 from delayq.hooks import BeforeSchedule
@@ -33,6 +32,7 @@ from delayq.runner import (
     batch_plan,
     call,
 )
+from delayq.settings import QueueSettings, given
 from delayq.shards import (
     STORED,
     Shards,
@@ -41,6 +41,7 @@ from delayq.shards import (
     merge_dead,
     merge_page,
     stored_count,
+    update_op,
 )
 from delayq.spec import (
     CheckedSpec,
@@ -182,9 +183,9 @@ class QueueBase(Generic[C]):
         *,
         client: C | None = None,
         prefix: str = DEFAULT_PREFIX,
-        codec: str = "json",
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
-        dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        codec: str | None = None,
+        max_payload: int | None = None,
+        dedupe_window: Duration | None = None,
         durable_timeout: Duration | None = None,
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
@@ -212,12 +213,10 @@ class QueueBase(Generic[C]):
             durable_timeout = 3.0 if durable_replicas else 1.0
         self.durable_ms = max(1, round(seconds(durable_timeout, "durable_timeout") * 1000))
         self.durable = Durable(self.durable_ms, durable_replicas)
+        # The settings the queue's producers share (delayq/settings.py): None, not given,
+        # follows the queue's stored one, else the default; one given must agree with it.
         options: dict[str, Any] = dict(
-            prefix=prefix,
-            codec=codec,
-            max_payload=max_payload,
-            dedupe_window=dedupe_window,
-            clock=clock,
+            prefix=prefix, given=given(dedupe_window, max_payload, codec), clock=clock
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home
@@ -252,21 +251,22 @@ class QueueBase(Generic[C]):
         """The queue's name."""
         return self.core.name
 
-    def _schedule_ops(
-        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool = False
-    ) -> tuple[list[str], list[Op[list[str]]]]:
-        """(ids in the order given, script calls per shard). Everything is validated and
-        encoded first: a bad task refuses the whole call unwritten. The before_schedule
-        hooks, the process-wide ones (delayq.hooks) first, see each spec before that."""
+    def _schedule_specs(
+        self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
+    ) -> list[TaskSpec]:
+        """``schedule_many``'s tasks as specs the before_schedule hooks have seen (the
+        process-wide ones, delayq.hooks, first). A bad task refuses the whole call unwritten:
+        each is then validated and encoded by :meth:`_ops_of`."""
         check.flag(replace, "replace", InvalidTaskError)
         check.flag(durable, "durable", InvalidTaskError)
         items = check.many(tasks, "tasks", error=InvalidTaskError, what="TaskSpecs or dicts")
-        return self._ops_of(self._hooked([_as_spec(t) for t in items]), replace, durable)
+        return self._hooked([_as_spec(t) for t in items])
 
     def _ops_of(
         self, specs: list[TaskSpec], replace: bool, durable: bool
     ) -> tuple[list[str], list[Op[list[str]]]]:
-        """:meth:`_schedule_ops` of specs the hooks have seen."""
+        """(ids in the order given, script calls per shard) of specs the hooks have seen:
+        all validated and encoded before any is sent."""
         ids = task_ids(specs)  # each id checked once (a new one: not at all)
         if self.shards.n == 1:
             core = self.core
@@ -296,10 +296,14 @@ class QueueBase(Generic[C]):
         return specs
 
     def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[Scheduled]:
-        """The script call of one ``schedule``, validated and encoded. A task given no id,
-        and neither ``replace`` nor ``durable``, is new to the queue: ``schedule_new.lua``
-        (what ``schedule.lua`` does for a new task, in fewer commands) on its id's shard.
-        Any other is a ``schedule_many`` of one task."""
+        """The script call of one ``schedule``, validated and encoded."""
+        spec, replace, durable = self._schedule_spec(kind, payload, options)
+        return self._spec_op(spec, replace, durable)
+
+    def _schedule_spec(
+        self, kind: str, payload: Any, options: ScheduleOptions
+    ) -> tuple[TaskSpec, bool, bool]:
+        """One ``schedule``'s spec as the hooks leave it, and its replace and durable."""
         spec = _spec(kind, payload, options)
         replace, durable = options.get("replace", False), options.get("durable", False)
         if replace is not False or durable is not False:  # (the common case: neither given)
@@ -307,6 +311,13 @@ class QueueBase(Generic[C]):
             check.flag(durable, "durable", InvalidTaskError)
         if hooks.before_schedule or self.before_schedule:
             (spec,) = self._hooked([spec])
+        return spec, replace, durable
+
+    def _spec_op(self, spec: TaskSpec, replace: bool, durable: bool) -> Op[Scheduled]:
+        """The script call of one ``schedule`` of a spec the hooks have seen, validated and
+        encoded. A task given no id, and neither ``replace`` nor ``durable``, is new to the
+        queue: ``schedule_new.lua`` (what ``schedule.lua`` does for a new task, in fewer
+        commands) on its id's shard. Any other is a ``schedule_many`` of one task."""
         if spec.task_id is None and not (replace or durable):
             task_id = new_task_id()
             return self.shards.of(task_id).schedule_new(spec, task_id)
@@ -316,6 +327,46 @@ class QueueBase(Generic[C]):
         return _first(ops[0])
 
     # Multi-step operations, written once as plans (see runner.py); each flavour drives them.
+
+    def _encoded_plan(self, build: Callable[[], T]) -> Plan[T]:
+        """``build()`` (validating and encoding tasks with the queue's settings) on a queue
+        object's first write, and the shard count check, in one round trip: the settings
+        come with the count (``shards.lua``). Built first with this process's settings, so
+        bad input is refused before any call; built again if the queue's differ. A refusal
+        that the queue's settings may undo (a payload over this process's limit, one its
+        codec cannot encode) reads them first (a read: nothing is written) and builds again:
+        the queue's settings decide. Once checked, only ``build()``."""
+        if self.shards.write_checked:
+            return build()
+        try:
+            made = build()
+        except InvalidTaskError as refused:
+            if self.shards.checked:
+                raise
+            try:
+                yield from self._check_shards_plan(store=False)
+            except (ConnectionFailed, RedisConnectionError, RedisTimeoutError):
+                raise refused from None  # (no server to ask: this process's refusal)
+            made = build()
+        settings = self.shards.settings
+        yield from self._check_shards_plan()
+        if self.shards.settings != settings:
+            made = build()  # the queue's settings differ from those it was built with
+        return made
+
+    def _settings_plan(self) -> Plan[QueueSettings]:
+        """The queue's settings, read now (one round trip, every call), with the checks of
+        a first call; this queue object follows them from now on."""
+        stored = yield from call(self.shards.check_op(store=False))
+        self.shards.verify(stored)
+        return self.shards.settings
+
+    def _update_settings_plan(
+        self, dedupe_window: Duration | None, max_payload: int | None, codec: str | None
+    ) -> Plan[QueueSettings]:
+        new = given(dedupe_window, max_payload, codec)
+        stored = yield from call(update_op(self.shards.root, new))
+        return self.shards.follow(stored, new)
 
     def _check_shards_plan(self, store: bool = True) -> Plan[None]:
         """Once per queue object, before its first write or read of a task: refuse a
@@ -349,8 +400,8 @@ class QueueBase(Generic[C]):
     def _schedule_many_plan(
         self, tasks: Iterable[TaskSpec | Mapping[str, Any]], replace: bool, durable: bool
     ) -> Plan[list[Scheduled]]:
-        ids, ops = self._schedule_ops(tasks, replace, durable)
-        yield from self._check_shards_plan()
+        specs = self._schedule_specs(tasks, replace, durable)
+        ids, ops = yield from self._encoded_plan(lambda: self._ops_of(specs, replace, durable))
         done: list[str] = []
         wait = self.durable if durable else None
         for group in _chunks(ops, CALLS_PER_ROUND_TRIP):
@@ -365,12 +416,12 @@ class QueueBase(Generic[C]):
         by_id = {str(s): s for s in done if isinstance(s, Scheduled)}
         return [by_id[i] for i in ids]
 
-    def _schedule_plan(self, op: Op[Scheduled], durable: bool) -> Plan[Scheduled]:
-        """One ``schedule``'s call after the first call's shard count check; with
-        ``durable``, WAITAOF after it. (Once the count is checked, a call that is not
-        durable is run without a plan: ``Queue.schedule``.)"""
-        if not self.shards.write_checked:
-            yield from self._check_shards_plan()
+    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[Scheduled]:
+        """One ``schedule``'s call after the first call's shard count check (and the
+        settings with it); with ``durable``, WAITAOF after it. (Once the count is checked, a
+        call that is not durable is run without a plan: ``Queue.schedule``.)"""
+        spec, replace, durable = self._schedule_spec(kind, payload, options)
+        op = yield from self._encoded_plan(lambda: self._spec_op(spec, replace, durable))
         if not durable:
             reply: Scheduled = yield Call(op)  # the step itself: a generator less than call()
             return reply

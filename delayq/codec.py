@@ -149,7 +149,8 @@ def encode_payload(codec: Codec, payload: Any, max_payload: int) -> bytes:
     if len(data) > max_payload:
         raise PayloadTooLarge(
             f"payload is {len(data)} bytes encoded, over the queue's limit of {max_payload}; "
-            "store large data elsewhere and pass a reference, or raise max_payload"
+            "store large data elsewhere and pass a reference, or raise the queue's max_payload "
+            "(`delayq settings --max-payload`)"
         )
     return data
 

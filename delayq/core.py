@@ -29,6 +29,7 @@ from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
+from delayq.settings import DEFAULT_DEDUPE_WINDOW, NOTHING_STORED, QueueSettings, Stored, stored_of
 from delayq.spec import (
     CheckedSpec,
     TaskSpec,
@@ -42,7 +43,6 @@ from delayq.timing import Clock, Duration, due_spec, ms_to_datetime, seconds, st
 
 T = TypeVar("T")
 
-DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
 REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 # dead() has always taken long pages (a test harness reads 10,000 ids at once); the views'
 # pages and seek() take at most MAX_SEEK.
@@ -83,7 +83,8 @@ _STATS.require_head(
     "aborted",
 )
 _STATS.require_row("name", "value")
-SCRIPTS["shards"].reply.require_head("count", "protocol")
+SCRIPTS["shards"].reply.require_head("count", "protocol", "dedupe_ms", "max_payload", "codec")
+SCRIPTS["settings"].reply.require_head("dedupe_ms", "max_payload", "codec")
 _WORKERS = SCRIPTS["workers"].reply
 _WORKERS.require_row("id", "seen", "info")
 _WORKERS_NOW = _WORKERS.at("now")
@@ -133,17 +134,19 @@ class SeekRow(NamedTuple):
 
 class ShardCheck(NamedTuple):
     """What ``shards.lua`` answers: the stored shard count (0 when none is, -1 while the
-    queue is being resharded) and the queue's protocol version ("" when it has none)."""
+    queue is being resharded), the queue's protocol version ("" when it has none) and its
+    stored settings (delayq/settings.py)."""
 
     n: int
     protocol: str
     store: bool = False  # asked by a write: a queue with no version has been stamped
+    settings: Stored = NOTHING_STORED
 
 
 def _shard_check(reply: Any, store: bool) -> ShardCheck:
     if isinstance(reply, list):
-        count, protocol = reply  # shards.lua's head, checked below
-        return ShardCheck(int(count), as_str(protocol), store)
+        count, protocol, *settings = reply  # shards.lua's head, checked above
+        return ShardCheck(int(count), as_str(protocol), store, stored_of(settings))
     return ShardCheck(int(reply), "", store)  # the status: being resharded
 
 
@@ -210,6 +213,16 @@ class QueueCore:
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self._new_keys: list[str] | None = None
         self.clock = clock
+
+    def adopt(self, settings: QueueSettings) -> None:
+        """Follow the queue's settings (read with its shard count: ``Shards.verify``): the
+        codec, the payload limit and the dedupe window of every call built from now on."""
+        self.codec = self.codecs.get(settings.codec) or get_codec(settings.codec)
+        self.codecs[self.codec.name] = self.codec
+        self.max_payload = settings.max_payload
+        self.dedupe_ms = settings.dedupe_ms
+        self._prefixes.clear()  # (they name the codec)
+        self._schedule_heads.clear()  # (they carry the dedupe window)
 
     def now_arg(self, now_ms: int | None = None) -> str | int:
         """A script's ``now`` argument: the given ms, else the queue's clock when it has one

@@ -178,6 +178,12 @@ STATUS_ERRORS: dict[tuple[str, int | str], tuple[type[Exception], str]] = {
         "queue {queue!r} is being resharded (the key {key} has a 'moving' field): finish it "
         "with `delayq reshard`, then open the queue with the new shard count",
     ),
+    # settings.lua: the same, for `delayq settings` and Queue.update_settings.
+    ("settings", -1): (
+        ConfigurationError,
+        "queue {queue!r} is being resharded (the key {key} has a 'moving' field): finish it "
+        "with `delayq reshard`, then set its settings",
+    ),
     # cron/next.lua: the occurrence's lease expired or was taken over before it started.
     ("cron_next", "lost"): (LeaseLost, "lease of occurrence {id} was lost before it started"),
     # expire/confirm.lua: a set, touch or delete revoked the claim ahead (or the lease ended).

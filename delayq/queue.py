@@ -28,6 +28,7 @@ from delayq.runner import (
     SyncRunner,
     check_plan,
 )
+from delayq.settings import QueueSettings
 from delayq.spec import ScheduleOptions, TaskSpec
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import Duration
@@ -46,6 +47,13 @@ class Queue(QueueBase[redis.Redis]):
             the id again within it changes nothing.
         max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
         codec: ``"json"`` (default) or ``"msgpack"``.
+
+            These three are the queue's settings, which every producer must share: when
+            the queue stores them (``delayq settings``, :meth:`update_settings`), a
+            queue opened without them follows the stored ones, read with the shard count on
+            its first call, and one given a different value is refused (ConfigurationError
+            naming both). None (the default) is "not given": the stored value, else the
+            default above.
         durable_timeout: with ``schedule(..., durable=True)``, how long to wait for the
             server to confirm the write is fsynced to its append-only file (default 1 s; 3 s
             with ``durable_replicas``).
@@ -128,11 +136,10 @@ class Queue(QueueBase[redis.Redis]):
                   kept across retries, replays and reschedules (``replace=True`` writes the
                   new call's).
         """
-        op = self._schedule_op(kind, payload, options)
-        durable = options.get("durable", False)
-        if self.shards.write_checked and not durable:
-            return self.runner.run(op)  # the common case: one call, nothing to plan
-        return self.runner.drive(self._schedule_plan(op, durable))
+        if self.shards.write_checked and not options.get("durable", False):
+            # The common case: one call, nothing to plan.
+            return self.runner.run(self._schedule_op(kind, payload, options))
+        return self.runner.drive(self._schedule_plan(kind, payload, options))
 
     def schedule_many(
         self,
@@ -201,6 +208,28 @@ class Queue(QueueBase[redis.Redis]):
         does, a queue of another major (ProtocolVersionError) or shard count. One round
         trip, every call; writes nothing."""
         return self.runner.drive(self._protocol_plan())
+
+    def settings(self) -> QueueSettings:
+        """The settings this queue's producers follow (``delayq settings``): the dedupe
+        window, the largest payload and the codec, each as stored with the queue, else as
+        this process was given it, else the default; ``.stored`` names those stored. Read
+        now (one round trip, every call), and followed by this queue object from now on;
+        an argument of this queue that disagrees with a stored value is refused
+        (ConfigurationError naming both), as on any first call. Writes nothing."""
+        return self.runner.drive(self._settings_plan())
+
+    def update_settings(
+        self,
+        *,
+        dedupe_window: Duration | None = None,
+        max_payload: int | None = None,
+        codec: str | None = None,
+    ) -> QueueSettings:
+        """Store settings with the queue, for every process of it (None: leave it as it
+        is); returns the settings this queue object follows from now on. A process that
+        has already made a call keeps those it read (docs/configuration.md): restart the
+        others. Setting begins a queue, as its first write does."""
+        return self.runner.drive(self._update_settings_plan(dedupe_window, max_payload, codec))
 
     def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call built by delayq's builders (``delayq.expiring``'s ops, say)
@@ -311,11 +340,9 @@ class AsyncQueue(QueueBase[aredis.Redis]):
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
     ) -> Scheduled:
-        op = self._schedule_op(kind, payload, options)
-        durable = options.get("durable", False)
-        if self.shards.write_checked and not durable:
-            return await self.runner.run(op)  # as Queue.schedule
-        return await self.runner.drive(self._schedule_plan(op, durable))
+        if self.shards.write_checked and not options.get("durable", False):
+            return await self.runner.run(self._schedule_op(kind, payload, options))  # as Queue's
+        return await self.runner.drive(self._schedule_plan(kind, payload, options))
 
     async def schedule_many(
         self,
@@ -359,6 +386,22 @@ class AsyncQueue(QueueBase[aredis.Redis]):
     async def protocol_version(self) -> str:
         """The queue's protocol version (see :meth:`Queue.protocol_version`)."""
         return await self.runner.drive(self._protocol_plan())
+
+    async def settings(self) -> QueueSettings:
+        """The queue's settings (see :meth:`Queue.settings`)."""
+        return await self.runner.drive(self._settings_plan())
+
+    async def update_settings(
+        self,
+        *,
+        dedupe_window: Duration | None = None,
+        max_payload: int | None = None,
+        codec: str | None = None,
+    ) -> QueueSettings:
+        """Store settings with the queue (see :meth:`Queue.update_settings`)."""
+        return await self.runner.drive(
+            self._update_settings_plan(dedupe_window, max_payload, codec)
+        )
 
     async def execute(self, op: Op[T], *, write: bool = False) -> T:
         """Run one script call on this queue after the shard count check (see

@@ -381,6 +381,7 @@ NAMES = (
     "cron_outcome",
     "cron_read",
     "shards",
+    "settings",
     "cron_sync",
     "seek",
     "reshard_mark",

@@ -18,6 +18,16 @@ from delayq.core import Op, QueueCore, SeekRow, ShardCheck
 from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
 from delayq.protocol import version as protocol
+from delayq.scripts import Arg
+from delayq.settings import (
+    NAMES,
+    NOT_GIVEN,
+    NOTHING_STORED,
+    Given,
+    QueueSettings,
+    Stored,
+    effective,
+)
 from delayq.spec import validate_task_id
 from delayq.task import QueueStats, TaskInfo, TaskPage
 
@@ -56,9 +66,43 @@ def validate_shards(shards: Any) -> int:
     return check.whole(shards, "shards", 1, MAX_SHARDS, hint=' (or "stored", for a Queue)')
 
 
+def update_op(root: QueueCore, new: Given) -> Op[Stored | int]:
+    """Store the settings given (checked by ``settings.given``; None: leave it) with the
+    queue (``settings.lua``, on the unsplit queue's core: ``Shards.root``;
+    delayq/settings.py). Parses to the settings stored after it, or to the status -1 while
+    the queue is being resharded."""
+    if new == NOT_GIVEN:
+        raise ConfigurationError(
+            "update_settings needs at least one of dedupe_window, max_payload and codec"
+        )
+    args: dict[str, Arg] = {
+        "dedupe_ms": "" if new.dedupe_window is None else round(new.dedupe_window * 1000),
+        "max_payload": "" if new.max_payload is None else new.max_payload,
+        "codec": new.codec or "",
+    }
+
+    def parse(reply: Any) -> Stored | int:
+        return Stored(*(_text(v) for v in reply)) if isinstance(reply, list) else int(reply)
+
+    return root.op("settings", args, [], parse)
+
+
 class Shards:
-    def __init__(self, name: str, shards: int, **core_options: Any) -> None:
+    """A queue's shards, and the settings its calls are built with (delayq/settings.py):
+    ``given``, this process's arguments, until the queue's stored ones are read with its
+    shard count (:meth:`verify`)."""
+
+    def __init__(
+        self, name: str, shards: int, *, given: Given = NOT_GIVEN, **core_options: Any
+    ) -> None:
         self.n = validate_shards(shards)
+        self.given = given
+        self.settings: QueueSettings = effective(name, given, NOTHING_STORED)
+        core_options.update(
+            codec=self.settings.codec,
+            max_payload=self.settings.max_payload,
+            dedupe_window=self.settings.dedupe_window,
+        )
         self.cores = [
             QueueCore(name, shard=i, shards=self.n, **core_options) for i in range(self.n)
         ]
@@ -101,6 +145,8 @@ class Shards:
         protocol versions were stored: the first write stamps it); a read that finds none
         stored (0) passes and checks again next time."""
         protocol.check(self.home.name, stored.protocol)
+        if stored.n >= 0:  # (-1, being resharded, answers no settings: refused below)
+            self.adopt(stored.settings)
         count = stored.n
         if count == 0:
             return
@@ -115,6 +161,29 @@ class Shards:
             )
         self.checked = True
         self.write_checked = stored.store or bool(stored.protocol)
+
+    def adopt(self, stored: Stored) -> None:
+        """Follow the queue's stored settings (an argument given that disagrees is refused:
+        ConfigurationError naming both). Calls built from now on use them; ``settings``
+        changes (a new object) only when they differ from those the calls were built with."""
+        new = effective(self.home.name, self.given, stored)
+        if new != self.settings:
+            for core in {id(c): c for c in (*self.cores, self.root)}.values():
+                core.adopt(new)
+        self.settings = new
+
+    def follow(self, stored: Stored | int, updated: Given) -> QueueSettings:
+        """After this process stored settings (``update_settings``: ``updated``, None where
+        it left one): follow the queue's from now on, the ones it set included (its
+        arguments no longer apply to them). Refuses the status -1 (being resharded)."""
+        if isinstance(stored, int):
+            raise_for("settings", stored, queue=self.home.name, key=self.root.keys.shards)
+            raise ValueError(f"settings.lua answered {stored}")  # (no other status)
+        self.given = self.given._replace(
+            **{n: None for n in NAMES if getattr(updated, n) is not None}
+        )
+        self.adopt(stored)
+        return self.settings
 
 
 def add_stats(parts: Sequence[QueueStats]) -> QueueStats:

@@ -395,3 +395,74 @@ def test_node_takes_a_payload_of_exactly_max_payload_bytes_and_counts_utf8_bytes
     assert out[:2] == ["created", "created"]  # 100 bytes each: the limit is inclusive
     assert "payload is 101 bytes encoded, over the queue's limit of 100" in out[2]
     assert "payload is 102 bytes encoded, over the queue's limit of 100" in out[3]
+
+
+def test_node_follows_the_queues_stored_settings_and_refuses_another_value(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    """The settings `delayq settings` stores come with the shard check's reply (protocol
+    1.1): Node follows them, and refuses a constructor value that disagrees, naming both."""
+    untouched = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        const s = await q.settings();
+        await q.close();
+        return s;
+        """,
+    )
+    assert untouched == {"dedupeWindow": 86400, "maxPayload": 65536, "codec": "json", "stored": []}
+    with Queue(qname, url=server.url) as q:
+        q.update_settings(max_payload=1000, dedupe_window=3600)
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const name = {json.dumps(qname)};
+        const q = new delayq.Queue(name);
+        const results = [];
+        try {{ await q.schedule('k', 'x'.repeat(1498), {{ delay: 60 }}); }}
+        catch (err) {{ results.push(err.message); }}
+        results.push((await q.schedule('k', 'x'.repeat(998), {{ delay: 60 }})).status);
+        results.push(await q.settings());
+        await q.close();
+        const given = new delayq.Queue(name, {{ maxPayload: 2000 }});
+        try {{ await given.schedule('k', 1); }} catch (err) {{ results.push(err.message); }}
+        await given.close();
+        const same = new delayq.Queue(name, {{ maxPayload: 1000, dedupeWindow: 3600 }});
+        results.push((await same.schedule('k', 1)).status);
+        await same.close();
+        return results;
+        """,
+    )
+    assert "payload is 1500 bytes encoded, over the queue's limit of 1000" in out[0]
+    assert out[1] == "created"  # 1000 bytes: the limit is inclusive
+    assert out[2] == {
+        "dedupeWindow": 3600,
+        "maxPayload": 1000,
+        "codec": "json",
+        "stored": ["dedupe_window", "max_payload"],
+    }
+    assert "max_payload=1000 bytes" in out[3] and "maxPayload=2000 bytes" in out[3]
+    assert out[4] == "created"
+    with Queue(qname, url=server.url) as q:
+        assert q.stats().scheduled == 2
+
+
+def test_node_takes_a_stored_limit_above_the_default_on_its_first_call(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    with Queue(qname, url=server.url) as q:
+        q.update_settings(max_payload=256 * 1024)
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        const s = await q.schedule('k', 'x'.repeat(100000), {{ delay: 60 }});
+        await q.close();
+        return s.status;
+        """,
+    )
+    assert out == "created"

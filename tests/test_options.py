@@ -329,6 +329,7 @@ def _queue_entries(queue: Any, url: str, client: Any) -> list[Entry]:
             {"plan": Fresh(lambda: queue.checked(stats))},  # (a plan runs once)
         ),
         Entry(f"{prefix}.set_rate_limit", on_queue("set_rate_limit"), {"rate": "10/s"}),
+        Entry(f"{prefix}.update_settings", on_queue("update_settings"), {"max_payload": 65536}),
         Entry(f"{exp}.set", on_expiring("set"), {"key": "ek", "value": 1, "ttl": 10}),
         Entry(f"{exp}.touch", on_expiring("touch"), {"key": "ek", "ttl": 10}),
         Entry(f"{exp}.delete", on_expiring("delete"), {"key": "ek"}),

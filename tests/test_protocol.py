@@ -417,7 +417,7 @@ def test_max_shards_bounds_the_shard_count_which_the_script_itself_does_not_chec
     r = redis.Redis.from_url(server.url)
     try:  # the shards script stores whatever count it is sent
         args = {"want": "2000", "store": "1", "protocol": PROTOCOL_VERSION}
-        assert _run(r, "shards", other, args, []) == [2000, b"1.0"]
+        assert _run(r, "shards", other, args, []) == [2000, b"1.0", b"", b"", b""]
     finally:
         r.close()
     with pytest.raises(ConfigurationError, match="from 1 to 1,024"):  # no delayq opens it

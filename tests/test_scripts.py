@@ -29,6 +29,8 @@ from delayq.keys import Key, QueueKeys
 from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, file_of, parse_header
+from delayq.settings import Given
+from delayq.shards import update_op
 from delayq.spec import TaskSpec
 from delayq.timing import ms_to_datetime
 
@@ -1368,6 +1370,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         extend(core, [("a", 1)], lease_ms=LEASE, now_ms=NOW),
         core.reap(now_ms=NOW),
         core.shard_count(1),
+        update_op(core, Given(max_payload=1000)),
         core.cancel("a"),
         core.abort("a", now_ms=NOW),
         core.reschedule("a", delay=1, now_ms=NOW),

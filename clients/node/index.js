@@ -33,6 +33,7 @@ const MAX_KIND_LEN = 200;
 const MAX_ATTEMPTS = 1000000;
 const MAX_HEADERS = 4096;
 const DEFAULT_MAX_PAYLOAD = 64 * 1024;
+const DEFAULT_DEDUPE_WINDOW = 86400; // seconds
 const MAX_DELAY_S = 10 * 365 * 24 * 3600;
 const MAX_AT_S = 253402300799; // 9999-12-31T23:59:59Z
 const SCHEDULE_BATCH = 1000; // tasks per script call
@@ -268,8 +269,11 @@ class Queue {
    * @param {number|'stored'} [options.shards=1] as every process of the queue uses it;
    *   'stored': the count the queue stored (1 if none).
    * @param {string} [options.prefix='dq'] the keys' first part.
-   * @param {number} [options.dedupeWindow=86400] seconds a finished id is remembered.
-   * @param {number} [options.maxPayload=65536] largest encoded payload, in bytes.
+   * @param {number} [options.dedupeWindow] seconds a finished id is remembered: the
+   *   queue's setting when it stores one (`delayq settings`), else 86400.
+   * @param {number} [options.maxPayload] largest encoded payload, in bytes: the queue's
+   *   setting when it stores one, else 65536. Either, given and different from the queue's
+   *   stored setting, is refused (ConfigurationError naming both) on the first call.
    */
   constructor(name, options = {}) {
     const { client, url, rootNodes, shards = 1, prefix = MANIFEST.default_prefix } = options;
@@ -291,13 +295,28 @@ class Queue {
     this.prefix = prefix;
     this.stored = shards === 'stored';
     this.n = this.stored ? 1 : shards;
-    this.dedupeMs = Math.round(seconds(options.dedupeWindow ?? 86400, 'dedupeWindow') * 1000);
-    this.maxPayload = options.maxPayload ?? DEFAULT_MAX_PAYLOAD;
-    if (!Number.isInteger(this.maxPayload) || this.maxPayload < 1) {
+    // The queue's settings (docs/protocol.md, "Settings"): what was given (null: not given)
+    // until the queue's stored ones are read with its shard count (shards.lua's reply).
+    this.given = {
+      dedupeMs:
+        options.dedupeWindow == null
+          ? null
+          : Math.round(seconds(options.dedupeWindow, 'dedupeWindow') * 1000),
+      maxPayload: options.maxPayload ?? null,
+    };
+    if (
+      this.given.maxPayload !== null &&
+      !(Number.isInteger(this.given.maxPayload) && this.given.maxPayload >= 1)
+    ) {
       throw new ConfigurationError(
-        `maxPayload must be a positive byte count, got ${this.maxPayload}`
+        `maxPayload must be a positive byte count, got ${this.given.maxPayload}`
       );
     }
+    this.dedupeMs = this.given.dedupeMs ?? DEFAULT_DEDUPE_WINDOW * 1000;
+    this.maxPayload = this.given.maxPayload ?? DEFAULT_MAX_PAYLOAD;
+    this.codec = 'json';
+    this.storedSettings = [];
+    this.settingsRead = 0; // how many times the settings changed since the queue was opened
     const given = [client, url, rootNodes].filter((o) => o != null).length;
     if (given > 1) {
       throw new ConfigurationError('pass one of client, url or rootNodes, not several');
@@ -385,6 +404,7 @@ class Queue {
     }
     const [count, protocol] = [Number(reply[0]), String(reply[1])];
     checkProtocol(this.name, protocol);
+    this.adopt(reply.slice(2, 5).map((v) => (v == null ? '' : String(v))));
     if (count === 0) return protocol; // a read, and nothing stored yet: check again next time
     if (this.stored) {
       if (!(Number.isInteger(count) && count >= 1 && count <= MANIFEST.max_shards)) {
@@ -405,6 +425,68 @@ class Queue {
     this.checked = true;
     this.writeChecked = this.writeChecked || store || protocol !== '';
     return protocol;
+  }
+
+  /**
+   * Follow the queue's stored settings ([dedupe_ms, max_payload, codec], each '' when not
+   * stored; a queue of protocol 1.0 answers none): a setting given to the constructor must
+   * agree with the stored one. This client encodes JSON only: a queue set to another codec
+   * is refused.
+   */
+  adopt([dedupe = '', most = '', codec = '']) {
+    const where = `\`delayq settings -q ${this.name}\``;
+    const before = `${this.dedupeMs} ${this.maxPayload}`;
+    const stored = [];
+    if (dedupe !== '') {
+      const ms = Number(dedupe);
+      if (this.given.dedupeMs !== null && this.given.dedupeMs !== ms) {
+        throw new ConfigurationError(
+          `queue '${this.name}' stores dedupe_window=${ms / 1000}s (${where}), but was opened ` +
+            `with dedupeWindow=${this.given.dedupeMs / 1000}s: leave dedupeWindow out to follow ` +
+            "the queue's, or change the queue's with `delayq settings --dedupe-window`"
+        );
+      }
+      this.dedupeMs = ms;
+      stored.push('dedupe_window');
+    }
+    if (most !== '') {
+      const bytes = Number(most);
+      if (this.given.maxPayload !== null && this.given.maxPayload !== bytes) {
+        throw new ConfigurationError(
+          `queue '${this.name}' stores max_payload=${bytes} bytes (${where}), but was opened ` +
+            `with maxPayload=${this.given.maxPayload} bytes: leave maxPayload out to follow ` +
+            "the queue's, or change the queue's with `delayq settings --max-payload`"
+        );
+      }
+      this.maxPayload = bytes;
+      stored.push('max_payload');
+    }
+    if (codec !== '') {
+      if (codec !== 'json') {
+        throw new ConfigurationError(
+          `queue '${this.name}' stores codec=${codec} (${where}); this client encodes JSON ` +
+            'only: schedule on it from Python, or set the queue back with `--codec json`'
+        );
+      }
+      stored.push('codec');
+    }
+    this.storedSettings = stored;
+    if (`${this.dedupeMs} ${this.maxPayload}` !== before) this.settingsRead += 1;
+  }
+
+  /**
+   * The settings this queue follows, read now (one round trip) with the checks of a first
+   * call: {dedupeWindow (s), maxPayload (bytes), codec, stored (the names the queue
+   * stores; the others are this client's or the defaults)}.
+   */
+  async settings() {
+    await this.shardCheck(false);
+    return {
+      dedupeWindow: this.dedupeMs / 1000,
+      maxPayload: this.maxPayload,
+      codec: this.codec,
+      stored: [...this.storedSettings],
+    };
   }
 
   /** The queue's protocol version as stored ('' when it has none), after the checks. */
@@ -466,12 +548,37 @@ class Queue {
     const createdMs = Date.now();
     const list = Array.from(tasks);
     const fresh = newTaskIds(list.length);
-    const encoded = list.map((t, i) => this.encode(t, createdMs, fresh[i]));
-    const ids = encoded.map((t) => t.id);
-    if (new Set(ids).size !== ids.length) {
-      throw new InvalidTaskError('the same taskId appears twice in one scheduleMany call');
+    const encodeAll = () => {
+      const out = list.map((t, i) => this.encode(t, createdMs, fresh[i]));
+      if (new Set(out.map((t) => t.id)).size !== out.length) {
+        throw new InvalidTaskError('the same taskId appears twice in one scheduleMany call');
+      }
+      return out;
+    };
+    let encoded;
+    if (this.writeChecked) {
+      encoded = encodeAll();
+    } else {
+      // The first write: encoded with this client's settings (bad input is refused before
+      // any call), then again if the queue's, read with the shard check, differ. A payload
+      // over this client's limit reads the queue's first: the queue's setting decides.
+      try {
+        encoded = encodeAll();
+      } catch (err) {
+        if (!(err instanceof InvalidTaskError) || this.checked) throw err;
+        try {
+          await this.check(false);
+        } catch (checkErr) {
+          if (checkErr instanceof DelayqError) throw checkErr;
+          throw err; // no server to ask: this client's refusal
+        }
+        encoded = encodeAll();
+      }
+      const read = this.settingsRead;
+      await this.check(true);
+      if (this.settingsRead !== read) encoded = encodeAll();
     }
-    await this.check(true);
+    const ids = encoded.map((t) => t.id);
     const byShard = new Map();
     encoded.forEach((task, i) => {
       const shard = shardOf(task.id, this.n);

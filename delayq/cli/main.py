@@ -14,6 +14,7 @@ from delayq.cli.cron import cron
 from delayq.cli.dead import dead
 from delayq.cli.ops import check, dashboard, reshard
 from delayq.cli.protocol import protocol
+from delayq.cli.settings import settings
 from delayq.cli.web import checked_token, limits_options
 from delayq.cli.worker import worker
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
@@ -257,6 +258,7 @@ main.add_command(protocol)
 main.add_command(limit)
 main.add_command(pause)
 main.add_command(resume)
+main.add_command(settings)
 
 if __name__ == "__main__":
     main()

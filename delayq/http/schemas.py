@@ -179,7 +179,8 @@ PAYLOAD = Field(
     "payload",
     {
         "description": "The handler's `task.payload`: any JSON value (default null), at most "
-        "the queue's max_payload (64 KiB) encoded."
+        "the queue's max_payload (its setting, `delayq settings`; 64 KiB when it stores none) "
+        "encoded; a larger one is 413 naming the limit."
     },
 )
 # Durations as the CLI writes them, read by its parser (timing.parse_duration): a number

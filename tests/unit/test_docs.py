@@ -249,8 +249,13 @@ def test_the_reference_shows_defaults_by_value_and_documents_each_coroutine() ->
     pkg: griffe.Module = _griffe_package()  # type: ignore[assignment]
     init = pkg["base.QueueBase.__init__"]
     defaults = {p.name: str(p.default) for p in init.parameters}
-    assert defaults["max_payload"] == "64 * 1024"  # not DEFAULT_MAX_PAYLOAD
-    assert defaults["dedupe_window"] == "24 * 3600.0" and defaults["prefix"] == "'dq'"
+    assert defaults["prefix"] == "'dq'"  # not DEFAULT_PREFIX
+    # The queue's settings default to None, "not given" (the queue's stored value, else the
+    # default), and the reference says what that default is.
+    assert defaults["max_payload"] == defaults["dedupe_window"] == defaults["codec"] == "None"
+    args = pkg["queue.Queue"].docstring.value
+    assert "(default 64 KiB)" in args and "(default 24 h)" in args
+    assert '``"json"`` (default)' in args and "None (the default) is" in args
     named = []
     for path in delayq.__all__:
         obj = pkg[path] if path in pkg.members else None
