@@ -46,6 +46,7 @@ from delayq.spec import (
     CheckedSpec,
     ScheduleOptions,
     TaskSpec,
+    TaskType,
     new_task_id,
     task_ids,
     validate_task_id,
@@ -65,7 +66,7 @@ CALLS_PER_ROUND_TRIP = 8
 _OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"))
 
 
-def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
+def _spec(kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions) -> TaskSpec:
     if not _OPTIONS.issuperset(options):
         unknown = options.keys() - _OPTIONS
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
@@ -294,7 +295,9 @@ class QueueBase(Generic[C]):
             return [_run_hooks(chain, s) for s in specs]
         return specs
 
-    def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[Scheduled]:
+    def _schedule_op(
+        self, kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions
+    ) -> Op[Scheduled]:
         """The script call of one ``schedule``, validated and encoded. A task given no id,
         and neither ``replace`` nor ``durable``, is new to the queue: ``schedule_new.lua``
         (what ``schedule.lua`` does for a new task, in fewer commands) on its id's shard.
