@@ -151,14 +151,14 @@ async def test_async_queue_schedules_a_typed_task(aqueue: AsyncQueue) -> None:
 
 def test_a_payload_not_of_the_type_is_refused_unwritten(queue: Queue) -> None:
     with pytest.raises(InvalidTaskError, match=r"'order.close' \(CloseOrder\).*CloseOrder"):
-        queue.schedule(close_order, {"order_id": 1}, task_id="no")  # type: ignore[call-overload]
+        queue.schedule(close_order, {"order_id": 1}, task_id="no")  # type: ignore[misc]
     with pytest.raises(InvalidTaskError, match=r"order_id: expected an integer, got str '1'"):
         queue.schedule(close_order, CloseOrder(order_id="1"), task_id="no")  # type: ignore[arg-type]
     reminder = TaskType("remind", Reminder)
     with pytest.raises(InvalidTaskError, match="user: required field missing"):
-        queue.schedule(reminder, {"text": "hi"}, task_id="no")  # type: ignore[call-overload]
+        queue.schedule(reminder, {"text": "hi"}, task_id="no")  # type: ignore[misc]
     with pytest.raises(InvalidTaskError, match="Reminder has no field 'extra'"):
-        queue.schedule(reminder, {"user": 1, "extra": 2}, task_id="no")  # type: ignore[call-overload]
+        queue.schedule(reminder, {"user": 1, "extra": 2}, task_id="no")  # type: ignore[misc]
     assert queue.get("no") is None
 
 
@@ -170,7 +170,7 @@ def test_a_type_delayq_cannot_check_is_refused_when_the_task_type_is_made() -> N
     with pytest.raises(ConfigurationError, match=r"^WithSet.ids: set\[int\] is not a payload type"):
         TaskType("k", WithSet)
     with pytest.raises(ConfigurationError, match="must be a dataclass, a TypedDict"):
-        TaskType("k", dict)  # type: ignore[misc]
+        TaskType("k", dict)
     with pytest.raises(ConfigurationError, match="max_attempts"):
         TaskType("k", CloseOrder, max_attempts=0)
     with pytest.raises(InvalidTaskError, match="kind must be a non-empty string"):
