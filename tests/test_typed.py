@@ -17,17 +17,20 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+import click
+import httpx
 import pytest
 
 from delayq import AsyncQueue, Queue, Task, TaskSpec, TaskType, Worker
 from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.http import create_app
 from delayq.testing import VirtualClock, drain
 
 from .conftest import ROOT, WorkerThread
@@ -487,3 +490,101 @@ def test_mypy_strict_rejects_a_wrong_payload_and_a_wrong_attribute(tmp_path: Pat
     assert found.keys() == BAD.keys(), errors
     for snippet, texts in found.items():
         assert len(texts) == 1 and BAD[snippet] in texts[0], (snippet, texts)
+
+
+# -- the HTTP API, given the task types ---------------------------------------------------
+
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture
+async def typed_api(server: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(server.url, token=TOKEN, task_types=[close_order, TaskType("ship", Shipment)])
+    transport = httpx.ASGITransport(app=app)
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as c:
+        yield c
+    await app.state.api.aclose()
+
+
+def _refs(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        own = [value["$ref"]] if isinstance(value.get("$ref"), str) else []
+        return own + [r for v in value.values() for r in _refs(v)]
+    if isinstance(value, list):
+        return [r for v in value for r in _refs(v)]
+    return []
+
+
+async def test_the_openapi_document_gives_each_typed_kinds_payload_schema(
+    typed_api: httpx.AsyncClient,
+) -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    doc = (await typed_api.get("/openapi.json")).json()
+    components = doc["components"]["schemas"]
+    close = components["Payload.order.close"]
+    assert close["$ref"] == "#/components/schemas/Payload.order.close.CloseOrder"
+    assert components["Payload.order.close.CloseOrder"]["properties"] == {
+        "order_id": {"type": "integer"},
+        "reason": {"type": "string"},
+    }
+    assert components["Payload.order.close.CloseOrder"]["required"] == ["order_id"]
+    for ref in _refs(doc):  # every reference resolves, nested types' included
+        assert ref.removeprefix("#/components/schemas/") in components, ref
+    # A task body is checked by its kind's payload schema (JSON Schema 2020-12's if/then).
+    task = jsonschema_rs.validator_for(
+        {"$ref": "#/components/schemas/Task", "components": doc["components"]}
+    )
+    assert task.is_valid({"kind": "order.close", "payload": {"order_id": 1, "new": True}})
+    assert not task.is_valid({"kind": "order.close", "payload": {"reason": "x"}})
+    assert not task.is_valid({"kind": "order.close", "payload": {"order_id": "1"}})
+    assert task.is_valid({"kind": "plain", "payload": {"reason": "x"}})  # an untyped kind
+    shipment = TaskType("ship", Shipment).dump(
+        Shipment(uuid.uuid4(), datetime.now(UTC), date.today(), Decimal("1.5"), Size.SMALL,
+                 [Line("a")], {"a": 1.0})
+    )  # fmt: skip
+    assert task.is_valid({"kind": "ship", "payload": shipment})
+    assert not task.is_valid({"kind": "ship", "payload": {**shipment, "size": "xl"}})
+    assert not task.is_valid({"kind": "ship", "payload": {**shipment, "lines": [{"qty": 1}]}})
+
+
+async def test_the_api_refuses_a_typed_kinds_bad_payload_unwritten(
+    typed_api: httpx.AsyncClient, server: Any, qname: str
+) -> None:
+    url = f"/v1/queues/{qname}/tasks"
+    r = await typed_api.post(url, json={"kind": "order.close", "payload": {"order_id": 4}})
+    assert r.status_code == 201, r.text
+    r = await typed_api.post(url, json={"kind": "order.close", "payload": {"order_id": "4"}})
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    assert r.json()["errors"] == [
+        {
+            "pointer": "/payload",
+            "detail": "payload does not match CloseOrder (the type of 'order.close'): "
+            "order_id: expected an integer, got str '4'",
+        }
+    ]
+    r = await typed_api.post(
+        url + "/batch",
+        json={
+            "tasks": [
+                {"kind": "order.close", "payload": {"order_id": 5}, "id": "a"},
+                {"kind": "order.close", "payload": {}, "id": "b"},
+                {"kind": "anything", "payload": {}, "id": "c"},
+            ]
+        },
+    )
+    assert r.status_code == 422, r.text
+    assert [(e["index"], e["pointer"]) for e in r.json()["errors"]] == [(1, "/tasks/1/payload")]
+    with Queue(qname, url=server.url) as q:
+        assert q.stats().scheduled == 1 and q.get("a") is None
+
+
+def test_delayq_api_task_types_loads_a_modules_task_types() -> None:
+    from delayq.cli.main import load_task_types
+
+    assert load_task_types("tests.test_typed") == [close_order]
+    assert load_task_types("tests.test_typed:close_order") == [close_order]
+    with pytest.raises(click.BadParameter, match="is not a TaskType or a list of them"):
+        load_task_types("tests.test_typed:TOKEN")
+    with pytest.raises(click.BadParameter, match="defines no TaskType"):
+        load_task_types("tests.conftest")
