@@ -180,6 +180,30 @@ def test_a_type_delayq_cannot_check_is_refused_when_the_task_type_is_made() -> N
         TaskType("", CloseOrder)
 
 
+def test_delayq_never_imports_pydantic_or_msgspec() -> None:
+    typed = (
+        "from dataclasses import dataclass\n"
+        "import delayq, delayq.worker.worker, delayq.http\n"
+        "@dataclass\n"
+        "class C:\n"
+        "    n: int\n"
+        "t = delayq.TaskType('k', C)\n"
+        "assert t.load(t.dump(C(1))) == C(1)\n"
+    )
+    loaded = "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'msgspec')))"
+    blocked = "sys.modules['pydantic'] = sys.modules['msgspec'] = None  # as if not installed\n"
+    for code, out in [(typed + loaded, "[]"), (blocked + typed, "")]:
+        proc = subprocess.run(
+            [sys.executable, "-c", "import sys\n" + code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == out
+
+
 # -- the worker side -------------------------------------------------------------------
 
 
