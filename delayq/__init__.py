@@ -19,7 +19,7 @@ from delayq.errors import (
 )
 from delayq.expiring.facade import Expired
 from delayq.queue import AsyncQueue, Queue
-from delayq.spec import CheckedSpec, TaskSpec
+from delayq.spec import CheckedSpec, TaskSpec, TaskType
 from delayq.task import QueueStats, Scheduled, Task, TaskInfo
 from delayq.worker.events import TaskEvent
 from delayq.worker.worker import Worker
@@ -52,6 +52,7 @@ __all__ = [
     "TaskEvent",
     "TaskInfo",
     "TaskSpec",
+    "TaskType",
     "Worker",
     "WorkerFailed",
 ]

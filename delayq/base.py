@@ -47,6 +47,7 @@ from delayq.spec import (
     CheckedSpec,
     ScheduleOptions,
     TaskSpec,
+    TaskType,
     new_task_id,
     task_ids,
     validate_task_id,
@@ -67,7 +68,7 @@ MAX_DURABLE_REPLICAS = 1000  # durable_replicas: more than any deployment runs; 
 _OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"))
 
 
-def _spec(kind: str, payload: Any, options: ScheduleOptions) -> TaskSpec:
+def _spec(kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions) -> TaskSpec:
     if not _OPTIONS.issuperset(options):
         unknown = options.keys() - _OPTIONS
         raise InvalidTaskError(f"unknown schedule option(s): {', '.join(sorted(unknown))}")
@@ -295,13 +296,15 @@ class QueueBase(Generic[C]):
             return [_run_hooks(chain, s) for s in specs]
         return specs
 
-    def _schedule_op(self, kind: str, payload: Any, options: ScheduleOptions) -> Op[Scheduled]:
+    def _schedule_op(
+        self, kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions
+    ) -> Op[Scheduled]:
         """The script call of one ``schedule``, validated and encoded."""
         spec, replace, durable = self._schedule_spec(kind, payload, options)
         return self._spec_op(spec, replace, durable)
 
     def _schedule_spec(
-        self, kind: str, payload: Any, options: ScheduleOptions
+        self, kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions
     ) -> tuple[TaskSpec, bool, bool]:
         """One ``schedule``'s spec as the hooks leave it, and its replace and durable."""
         spec = _spec(kind, payload, options)
@@ -416,7 +419,9 @@ class QueueBase(Generic[C]):
         by_id = {str(s): s for s in done if isinstance(s, Scheduled)}
         return [by_id[i] for i in ids]
 
-    def _schedule_plan(self, kind: str, payload: Any, options: ScheduleOptions) -> Plan[Scheduled]:
+    def _schedule_plan(
+        self, kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions
+    ) -> Plan[Scheduled]:
         """One ``schedule``'s call after the first call's shard count check (and the
         settings with it); with ``durable``, WAITAOF after it. (Once the count is checked, a
         call that is not durable is run without a plan: ``Queue.schedule``.)"""

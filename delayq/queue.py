@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack, overload
 
 import redis
 import redis.asyncio as aredis
@@ -29,9 +29,11 @@ from delayq.runner import (
     check_plan,
 )
 from delayq.settings import QueueSettings
-from delayq.spec import ScheduleOptions, TaskSpec
+from delayq.spec import ScheduleOptions, TaskSpec, TaskType
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import Duration
+
+X = TypeVar("X")  # a typed task's payload type
 
 
 class Queue(QueueBase[redis.Redis]):
@@ -101,8 +103,21 @@ class Queue(QueueBase[redis.Redis]):
     def _drop_client(self) -> None:
         self.close()
 
+    @overload
+    def schedule(
+        self, kind: TaskType[X, Any], payload: X, **options: Unpack[ScheduleOptions]
+    ) -> Scheduled: ...
+
+    @overload
     def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
+    ) -> Scheduled: ...
+
+    def schedule(
+        self,
+        kind: str | TaskType[Any, Any],
+        payload: Any = None,
+        **options: Unpack[ScheduleOptions],
     ) -> Scheduled:
         """Schedule ``kind`` with ``payload`` after ``delay`` seconds or ``at`` a time.
 
@@ -115,8 +130,11 @@ class Queue(QueueBase[redis.Redis]):
         server's AOF is fsynced (DurabilityError otherwise).
 
         Args:
-            kind: which handler runs it (``@worker.handler(kind)``).
-            payload: the handler's ``task.payload``: anything the queue's codec encodes.
+            kind: which handler runs it (``@worker.handler(kind)``), or a
+                :class:`~delayq.TaskType`, whose payload type ``payload`` must be of: it is
+                written as its kind and the JSON value a plain dict of its fields gives.
+            payload: the handler's ``task.payload``: anything the queue's codec encodes
+                (for a TaskType, a value of its payload type).
             **options: keyword-only; each is optional.
 
                 - ``delay``: seconds (or a ``timedelta``) from now on the server's clock;
@@ -337,8 +355,21 @@ class AsyncQueue(QueueBase[aredis.Redis]):
     def _drop_client(self) -> None:
         pass  # not connected yet: an asyncio client connects on its first command
 
+    @overload
+    async def schedule(
+        self, kind: TaskType[X, Any], payload: X, **options: Unpack[ScheduleOptions]
+    ) -> Scheduled: ...
+
+    @overload
     async def schedule(
         self, kind: str, payload: Any = None, **options: Unpack[ScheduleOptions]
+    ) -> Scheduled: ...
+
+    async def schedule(
+        self,
+        kind: str | TaskType[Any, Any],
+        payload: Any = None,
+        **options: Unpack[ScheduleOptions],
     ) -> Scheduled:
         if self.shards.write_checked and not options.get("durable", False):
             return await self.runner.run(self._schedule_op(kind, payload, options))  # as Queue's

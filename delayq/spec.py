@@ -1,6 +1,8 @@
 """What a producer schedules, and its checks: :class:`TaskSpec`, :class:`CheckedSpec`, the
-options of ``schedule`` (:class:`ScheduleOptions`), task ids and the limits of kinds, ids
-and attempts. Pure: no I/O. ``core.py`` encodes what passes (``QueueCore.encode_tasks``).
+options of ``schedule`` (:class:`ScheduleOptions`), task ids, the limits of kinds, ids
+and attempts, and :class:`TaskType` (a kind with the type of its payload; its payloads
+become JSON values by ``shapes.py``). Pure: no I/O. ``core.py`` encodes what passes
+(``QueueCore.encode_tasks``).
 """
 
 from __future__ import annotations
@@ -12,13 +14,28 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, overload
 
 from delayq import check
+from delayq.backoff import Backoff, validate_backoff
 from delayq.codec import encode_headers
 from delayq.errors import InvalidTaskError
+from delayq.shapes import Shape, ShapeError, shape_of
 from delayq.text import check as check_text
-from delayq.timing import Duration, due_spec
+from delayq.timing import Duration, config_seconds, due_spec
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar  # (for the default: mypy's, not a dependency)
+
+    P = TypeVar("P")  # a typed task's payload,
+    R = TypeVar("R", default=None)  # and its result
+else:
+    from typing import TypeVar
+
+    P = TypeVar("P")
+    R = TypeVar("R")
+X = TypeVar("X")  # a payload type, in one call
+
 
 MAX_ID_LEN = 256
 MAX_KIND_LEN = 200
@@ -43,6 +60,9 @@ class ScheduleOptions(TypedDict, total=False):
 class TaskSpec:
     """One task for ``schedule_many`` (and what ``before_schedule`` hooks are given).
 
+    ``kind``: a kind, or a :class:`TaskType` and a payload of its type, kept as the plain
+    kind and the JSON value the payload is written as (what a hook sees).
+
     ``headers``: context that travels with the task, as ``task.headers`` in its handler
     and ``TaskInfo.headers``: a dict of str to str (trace context, a tenant), at most 4 KiB
     as JSON; None or ``{}`` for none.
@@ -56,6 +76,19 @@ class TaskSpec:
     max_attempts: int = 0
     headers: dict[str, str] | None = None
 
+    @overload
+    def __init__(
+        self,
+        kind: TaskType[X, Any],
+        payload: X,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        task_id: str | None = None,
+        max_attempts: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None: ...
+
+    @overload
     def __init__(
         self,
         kind: str,
@@ -65,7 +98,20 @@ class TaskSpec:
         task_id: str | None = None,
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        kind: str | TaskType[Any, Any],
+        payload: Any = None,
+        delay: Duration | None = None,
+        at: datetime | float | int | None = None,
+        task_id: str | None = None,
+        max_attempts: int = 0,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        if type(kind) is not str:  # a TaskType's is stored as its plain kind and JSON value
+            kind, payload = _plain(kind, payload)
         # The fields go straight into the instance's dict: the __init__ a frozen dataclass
         # is given calls object.__setattr__ once per field, which made a TaskSpec cost more
         # than checking it (one per task scheduled, two for a task given no id).
@@ -76,6 +122,12 @@ class TaskSpec:
             max_attempts,
             headers,
         )
+
+
+def _plain(kind: Any, payload: Any) -> tuple[Any, Any]:
+    if isinstance(kind, TaskType):
+        return kind.kind, kind.dump(payload)
+    return kind, payload  # (refused as a kind by the checks)
 
 
 class CheckedSpec(TaskSpec):
@@ -254,3 +306,119 @@ def validate_max_attempts(value: Any) -> int:
     """0 (the handler's limit) or 1 .. MAX_ATTEMPTS."""
     hint = " (0: the handler's limit)"
     return check.whole(value, "max_attempts", 0, MAX_ATTEMPTS, error=InvalidTaskError, hint=hint)
+
+
+# -- typed tasks --------------------------------------------------------------------------
+
+
+class TaskType(Generic[P, R]):
+    """A kind and the type of its payload: ``TaskType("order.close", CloseOrder)``.
+
+    ``queue.schedule(close_order, CloseOrder(order_id=42), delay=900)`` takes only a
+    ``CloseOrder`` (mypy checks it) and writes the JSON object a plain dict of its fields
+    would give; ``@worker.handler(close_order)`` gets ``task.payload`` as a ``CloseOrder``.
+
+    Args:
+        kind: the kind it is written as, which producers in other languages use.
+        payload: a dataclass, a ``TypedDict``, a pydantic model or a msgspec ``Struct``.
+            A dataclass's or TypedDict's fields must be of the types docs/concepts.md
+            lists ("Typed tasks"): any other is refused here, naming the field.
+        result: the type of what its handler returns (default ``None``); kept for typing
+            now (results are not stored yet).
+        max_attempts, backoff, jitter, timeout: defaults of the handler's options
+            (``Worker.handler``'s, which win when given).
+
+    Raises:
+        ConfigurationError: a payload type (or field) delayq cannot check, or a bad option.
+    """
+
+    __slots__ = ("_shape", "kind", "options", "payload_type", "result_type")
+
+    kind: str
+    payload_type: type[P]
+    result_type: type[R] | None
+    options: dict[str, Any]
+
+    @overload
+    def __init__(
+        self: TaskType[P, None],
+        kind: str,
+        payload: type[P],
+        *,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        jitter: float | None = None,
+        timeout: Duration | None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        kind: str,
+        payload: type[P],
+        *,
+        result: type[R],
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        jitter: float | None = None,
+        timeout: Duration | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        kind: str,
+        payload: type[P],
+        *,
+        result: type[R] | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        jitter: float | None = None,
+        timeout: Duration | None = None,
+    ) -> None:
+        self.kind = validate_kind(kind)
+        self._shape: Shape = shape_of(payload)
+        self.payload_type = payload
+        self.result_type = result
+        options: dict[str, Any] = {}
+        hint = f" (for {kind!r})"
+        if max_attempts is not None:
+            options["max_attempts"] = check.whole(
+                max_attempts, "max_attempts", 1, MAX_ATTEMPTS, hint=hint
+            )
+        if backoff is not None:
+            options["backoff"] = validate_backoff(backoff)
+        if jitter is not None:
+            options["jitter"] = check.real(jitter, "jitter", 0, 1, hint=hint)
+        if timeout is not None:
+            config_seconds(timeout, "timeout")
+            options["timeout"] = timeout
+        self.options = options
+
+    def dump(self, payload: P) -> Any:
+        """The JSON value ``payload`` is written as (what ``schedule`` encodes).
+
+        Raises:
+            InvalidTaskError: it is not of the payload type, or a field's value is not of
+                its field's type (the message names the field).
+        """
+        try:
+            return self._shape.dump(payload)
+        except ShapeError as e:
+            raise InvalidTaskError(f"payload of {self.kind!r} ({self._shape.name}): {e}") from None
+
+    def load(self, data: Any) -> P:
+        """A payload of the type from the JSON value a producer wrote (unknown fields are
+        ignored). Raises ShapeError, naming the field, for one that does not match."""
+        value: P = self._shape.load(data)
+        return value
+
+    def reason(self, error: Exception) -> str:
+        """The dead reason of a payload ``load`` refused."""
+        return f"payload does not match {self._shape.name} (the type of {self.kind!r}): {error}"
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the payload (pydantic's and msgspec's own for their types)."""
+        return self._shape.schema()
+
+    def __repr__(self) -> str:
+        return f"TaskType({self.kind!r}, {self._shape.name})"

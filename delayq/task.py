@@ -6,17 +6,30 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal
 
 from delayq.errors import TaskAborted
 from delayq.timing import ms_to_datetime, stored_due_ms
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar  # (for the default: mypy's, not a dependency)
+
+    P = TypeVar("P", default=Any)  # Task is Task[Any]: a plain kind's payload
+else:
+    from typing import TypeVar
+
+    P = TypeVar("P")
 
 State = Literal["scheduled", "active", "done", "dead", "aborted"]
 STATES: tuple[State, ...] = ("scheduled", "active", "done", "dead", "aborted")
 
 
-class Task:
+class Task(Generic[P]):
     """Handed to a handler: one attempt at running a task.
+
+    ``payload`` is what the producer scheduled: for a plain kind, its JSON value (a dict,
+    ...); for a :class:`~delayq.TaskType`'s handler, a value of its payload type
+    (``Task[CloseOrder]``).
 
     ``lease_lost`` is set when the worker learns that its lease is gone (expired, taken
     over or aborted): a long sync handler may check it to stop early, since its result will
@@ -41,7 +54,7 @@ class Task:
         self,
         id: str,
         kind: str,
-        payload: Any,
+        payload: P,
         attempt: int,
         max_attempts: int,
         due_at: datetime,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -16,10 +17,11 @@ from delayq.cli.ops import check, dashboard, reshard
 from delayq.cli.protocol import protocol
 from delayq.cli.settings import settings
 from delayq.cli.web import checked_token, limits_options
-from delayq.cli.worker import worker
+from delayq.cli.worker import load_app, worker
 from delayq.connection import DEFAULT_URL, URL_ENV, redact, resolve_url
 from delayq.embedded.server import BINARY_ENV
 from delayq.errors import ConfigurationError, MissingExtra, ServerNotFound
+from delayq.spec import TaskType
 from delayq.web.serve import Limits
 from delayq.web.tokens import MAKE_ONE
 
@@ -123,6 +125,24 @@ def demo(
     sys.exit(code)
 
 
+def load_task_types(spec: str) -> list[TaskType[Any, Any]]:
+    """``--task-types``: the TaskTypes of a module (its attributes that are one), or of its
+    attribute NAME (a TaskType, or a list or tuple of them)."""
+    found = load_app(spec if ":" in spec else f"{spec}:__dict__")
+    if isinstance(found, TaskType):
+        return [found]
+    values = list(found.values()) if isinstance(found, dict) else found
+    if ":" not in spec:
+        values = [v for v in values if isinstance(v, TaskType)]
+    if not isinstance(values, list | tuple) or not all(isinstance(v, TaskType) for v in values):
+        raise click.BadParameter(
+            f"{spec} is not a TaskType or a list of them", param_hint="--task-types"
+        )
+    if not values:
+        raise click.BadParameter(f"{spec} defines no TaskType", param_hint="--task-types")
+    return list(values)
+
+
 API_HELP = f"""Serve the HTTP API: schedule, look up, cancel and reschedule tasks, and set
 watched keys, from any service (docs/http.md).
 
@@ -131,7 +151,8 @@ and /openapi.json are open. A token is required: --token, $DELAYQ_API_TOKEN or
 --token-file (at least 16 characters; spaces around it are dropped). With -q, only
 the queues named are served. Listens on 127.0.0.1 unless --host says otherwise, and says
 its URL once it listens. A slow client is cut off: see --header-timeout and
---body-timeout.
+--body-timeout. With --task-types, each typed kind's payload schema is in /openapi.json and
+a payload that does not match its type is refused (422).
 Needs the http extra: pip install 'delayq[http]'.
 
 \b
@@ -177,6 +198,14 @@ Environment:
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @click.option("--access-log", is_flag=True, help="Log every request (never the token).")
+@click.option(
+    "--task-types",
+    "task_types",
+    multiple=True,
+    metavar="MODULE[:NAME]",
+    help="The TaskTypes a module defines (or its attribute NAME: one, or a list), whose "
+    "payloads are described and checked (repeatable).",
+)
 @limits_options
 def api(
     url: str | None,
@@ -187,8 +216,10 @@ def api(
     token_file: str | None,
     log_level: str,
     access_log: bool,
+    task_types: tuple[str, ...],
     limits: Limits,
 ) -> None:
+    types = [t for spec in task_types for t in load_task_types(spec)]
     try:
         from delayq.http import bind, serve
         from delayq.http.app import MIN_TOKEN
@@ -215,6 +246,7 @@ def api(
             access_log=access_log,
             limits=limits,
             announce=lambda base: _announce_api(base, where),
+            task_types=types,
         )
     except ConfigurationError as e:
         raise click.ClickException(str(e)) from None

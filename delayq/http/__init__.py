@@ -9,7 +9,8 @@ keys over HTTP, with a bearer token. It needs the ``http`` extra (``pip install
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from delayq.extras import require
 
@@ -33,15 +34,17 @@ def serve(
     access_log: bool = False,
     limits: Limits | None = None,
     announce: Callable[[str], None] | None = None,
+    task_types: Iterable[Any] = (),
 ) -> None:
     """Serve the API with uvicorn on ``sock`` (see :func:`bind`) until SIGINT/SIGTERM,
     within ``limits`` (:class:`~delayq.web.serve.Limits`; default: its defaults).
-    ``announce`` is called with the API's URL once it listens."""
+    ``announce`` is called with the API's URL once it listens; ``task_types``: as
+    :func:`create_app` takes them."""
     from delayq.web.serve import serve as serve_app
 
     # The API itself, without the Starlette app around it (which only hands requests on:
     # docs/architecture.md says what it would cost).
-    api = create_app(url, token=token, queues=queues).state.api
+    api = create_app(url, token=token, queues=queues, task_types=task_types).state.api
     serve_app(
         api,
         sock=sock,

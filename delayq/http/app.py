@@ -8,7 +8,7 @@ Routing on the raw path and reading bodies with a cap are in ``wire.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace as replace_spec
 from datetime import datetime
@@ -29,7 +29,7 @@ from delayq.errors import (
     PayloadTooLarge,
 )
 from delayq.expiring.ops import validate_key
-from delayq.http import idempotency, schemas, wire
+from delayq.http import idempotency, schemas, typed, wire
 from delayq.http.coalesce import Coalescer
 from delayq.http.docs import Docs
 from delayq.http.openapi import document
@@ -38,7 +38,7 @@ from delayq.http.queues import Queues, protocol_version
 from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
-from delayq.spec import TaskSpec, new_task_ids, validate_task_id
+from delayq.spec import TaskSpec, TaskType, new_task_ids, validate_task_id
 from delayq.task import Scheduled, TaskInfo
 from delayq.timing import ms_to_datetime
 from delayq.web.tokens import Token
@@ -64,13 +64,15 @@ class Api:
         *,
         max_body: int = MAX_BODY,
         max_batch_body: int = MAX_BATCH_BODY,
+        task_types: typed.Types | None = None,
     ) -> None:
         self.queues = queues
+        self.task_types = task_types or {}
         self.coalescer = Coalescer()
         self._token = token if isinstance(token, Token) else _token(token)
         self.max_body = max_body
         self.max_batch_body = max_batch_body
-        self._openapi = wire.encode(document())
+        self._openapi = wire.encode(document(self.task_types))
         self.docs = Docs()
         # (segments with {params}, method -> handler, needs the token, body limit)
         q = "{queue}"
@@ -287,6 +289,7 @@ class Api:
             idempotency.task_id(request.params["queue"], key) if key else new_task_ids(1)[0]
         )
         spec = schemas.spec_of(f, tid)
+        typed.check([spec], self.task_types, batch=False)
 
         async def work(q: AsyncQueue) -> Reply:
             try:
@@ -305,6 +308,7 @@ class Api:
 
     async def _schedule_batch(self, request: Request, data: Any, key: str | None) -> Reply:
         specs, replace, durable = schemas.batch_specs(data)
+        typed.check(specs, self.task_types, batch=True)
         if key is not None:  # a task sent without an id: its id is the key's and its index's
             queue = request.params["queue"]
             for i, task in enumerate(data["tasks"]):
@@ -546,6 +550,7 @@ def create_app(
     queues: list[str] | None = None,
     max_body: int = MAX_BODY,
     max_batch_body: int = MAX_BATCH_BODY,
+    task_types: Iterable[TaskType[Any, Any]] = (),
 ) -> Starlette:
     """The HTTP API as a Starlette app, to serve (``delayq api``) or mount in your own
     Starlette or FastAPI app (``app.mount("/delayq", create_app(token=...))``).
@@ -559,6 +564,8 @@ def create_app(
         prefix: the key prefix of the queues.
         queues: serve only these queues (default: any).
         max_body, max_batch_body: the largest request bodies read, in bytes.
+        task_types: :class:`~delayq.TaskType` objects: the OpenAPI document gives each
+            one's payload schema, and a payload of its kind that does not match is a 422.
 
     The app's ``state.api`` is the :class:`Api` (itself an ASGI app, what ``delayq api``
     serves); ``await app.state.api.aclose()`` closes the connections it opened (the app's
@@ -574,6 +581,7 @@ def create_app(
         checked,
         max_body=max_body,
         max_batch_body=max_batch_body,
+        task_types=typed.by_kind(task_types),
     )
     api.owns_client = owned
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayq.http import schemas
+from delayq.http import schemas, typed
 from delayq.http.problems import MEDIA_TYPE, TYPE_BASE, TYPES
 from delayq.task import STATES
 
@@ -302,8 +302,9 @@ def _head(responses: dict[str, Any]) -> dict[str, Any]:
     return {code: {"description": r["description"]} for code, r in responses.items()}
 
 
-def document() -> dict[str, Any]:
-    """The OpenAPI document ``GET /openapi.json`` serves."""
+def document(task_types: typed.Types | None = None) -> dict[str, Any]:
+    """The OpenAPI document ``GET /openapi.json`` serves; with ``task_types`` (kind ->
+    TaskType), each of those kinds' payload schema too."""
     task_paths = {
         "/v1/queues/{queue}": {
             "get": _op(
@@ -510,7 +511,7 @@ def document() -> dict[str, Any]:
             )
         },
     }
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {
             "title": "delayq HTTP API",
@@ -548,3 +549,6 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
     }
+    if task_types:
+        typed.add_to(doc, task_types)
+    return doc

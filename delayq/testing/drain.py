@@ -29,6 +29,7 @@ from delayq.expiring.ops import EXPIRE_KIND
 from delayq.info import as_str
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
+from delayq.spec import TaskType
 from delayq.task import Task, TaskInfo
 from delayq.testing.clock import VirtualClock, ms_of
 from delayq.timing import ms_to_datetime
@@ -107,8 +108,11 @@ class Drained:
     def deferred(self) -> list[TaskInfo]:
         return self._with("deferred")
 
-    def by_kind(self, kind: str) -> list[Ran]:
-        """The attempts of tasks of ``kind`` (a cron schedule's are ``cron:<name>``)."""
+    def by_kind(self, kind: str | TaskType[Any, Any]) -> list[Ran]:
+        """The attempts of tasks of ``kind``, a kind or a :class:`~delayq.TaskType` (a cron
+        schedule's are ``cron:<name>``)."""
+        if isinstance(kind, TaskType):
+            kind = kind.kind
         check.text(kind, "kind")
         return [r for r in self.ran if r.kind == kind]
 

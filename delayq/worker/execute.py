@@ -170,6 +170,11 @@ class Executor:
             task = build_task(claimed, self.queue, self.codecs)
         except RecordError as e:
             return str(e)
+        if handler.load is not None:  # a TaskType's: its payload type, or dead
+            try:
+                task.payload = handler.load(task.payload)
+            except Exception as e:  # (its own __post_init__ may raise anything)
+                return handler.refused(e) if handler.refused is not None else str(e)
         task.max_attempts = handler.attempts_allowed(claimed.header.max_attempts)
         if task.attempt < 1:  # an attempts entry past 2**63, as Redis gives a Lua number
             return (

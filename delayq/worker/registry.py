@@ -34,6 +34,11 @@ class Handler:
     # Most runs of this kind held at once by one worker (running or claimed to start); None:
     # only the worker's concurrency bounds them.
     concurrency: int | None = None
+    # A TaskType's handler: turns the payload a producer wrote into one of its type (raises
+    # for one that does not match: the task is dead), and the dead reason of that error.
+    # None for a plain kind, whose payload is handed over as decoded.
+    load: Callable[[Any], Any] | None = None
+    refused: Callable[[Exception], str] | None = None
 
     def attempts_allowed(self, record_max: int) -> int:
         """A limit given at schedule time (``max_attempts=``) wins over the handler's."""
@@ -50,6 +55,8 @@ def make_handler(
     timeout: Duration | None = None,
     internal: bool = False,
     concurrency: int | None = None,
+    load: Callable[[Any], Any] | None = None,
+    refused: Callable[[Exception], str] | None = None,
 ) -> Handler:
     validate_kind(kind)
     if not callable(fn):
@@ -70,6 +77,8 @@ def make_handler(
         ),
         internal=internal,
         concurrency=concurrency,
+        load=load,
+        refused=refused,
     )
 
 

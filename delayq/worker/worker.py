@@ -18,13 +18,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from delayq import check, controls, hooks
 from delayq.errors import ConfigurationError
 from delayq.expiring.facade import ExpireFn
 from delayq.hooks import Middleware
 from delayq.runner import AsyncRunner
+from delayq.spec import TaskType
+from delayq.task import Task
 from delayq.timing import config_seconds
 from delayq.worker.claimer import Source, sources_of
 from delayq.worker.clock import ServerClock
@@ -50,6 +52,9 @@ from delayq.worker.options import (
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
+
+P = TypeVar("P")  # a typed task's payload type
+T = TypeVar("T")  # what its handler returns
 
 if TYPE_CHECKING:
     from delayq.worker.features.cron import Schedules
@@ -136,11 +141,37 @@ class Worker:
 
     # -- registration ---------------------------------------------------------------------
 
+    @overload
+    def handler(
+        self,
+        kind: TaskType[P, Any],
+        *,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+        jitter: float | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency: int | None = None,
+        queue: QueueLike | str | None = None,
+    ) -> Callable[[Callable[[Task[P]], T]], Callable[[Task[P]], T]]: ...
+
+    @overload
     def handler(
         self,
         kind: str,
         *,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+        jitter: float | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency: int | None = None,
+        queue: QueueLike | str | None = None,
+    ) -> Callable[[HandlerFn], HandlerFn]: ...
+
+    def handler(
+        self,
+        kind: str | TaskType[Any, Any],
+        *,
+        max_attempts: int | None = None,
         backoff: Any = None,
         jitter: float | None = None,
         timeout: float | timedelta | None = None,
@@ -150,7 +181,11 @@ class Worker:
         """Register the decorated function (sync or async) as the handler of ``kind``.
 
         Args:
-            kind: the kind of task it runs (``queue.schedule(kind, ...)``).
+            kind: the kind of task it runs (``queue.schedule(kind, ...)``), or a
+                :class:`~delayq.TaskType`: the handler is given ``task.payload`` as a value
+                of its payload type, and a payload that does not match the type is dead,
+                with the reason, before the handler runs. The TaskType's options are the
+                defaults of those below.
             max_attempts: after this many failed attempts a task is dead (default 5;
                 ``schedule(..., max_attempts=N)`` wins for one task).
             backoff: the wait before each retry: a list of seconds (the last repeats) or a
@@ -165,18 +200,22 @@ class Worker:
                 default every queue of the worker's (the only one, usually).
         """
         lanes = self.lanes if queue is None else (lane_of(self.lanes, queue),)
-        options: dict[str, Any] = {"max_attempts": max_attempts, "timeout": timeout}
+        given = {"max_attempts": max_attempts, "timeout": timeout, "backoff": backoff}
+        given["jitter"] = jitter
+        options: dict[str, Any] = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
+        if isinstance(kind, TaskType):
+            options.update(kind.options)  # its defaults, under the decorator's own
+            options["load"], options["refused"] = kind.load, kind.reason
+            kind = kind.kind
+        options.update((k, v) for k, v in given.items() if v is not None)
         if concurrency is not None:
             options["concurrency"] = controls.checked_concurrency(
                 kind, concurrency, self.concurrency
             )
-        if backoff is not None:
-            options["backoff"] = backoff
-        if jitter is not None:
-            options["jitter"] = jitter
+        name = kind
 
         def register(fn: HandlerFn) -> HandlerFn:
-            add_handler(self.lanes, lanes, make_handler(kind, fn, **options))
+            add_handler(self.lanes, lanes, make_handler(name, fn, **options))
             return fn
 
         return register

@@ -181,3 +181,24 @@ def test_a_setting_changed_mid_test_gives_the_drain_a_new_worker(
     assert after is not before and after.concurrency == 3
     delayq_virtual.queue().schedule("note.add", {"text": "new"})
     assert [r.outcome for r in delayq_virtual.drain().by_kind("note.add")] == ["done"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_typed_task_on_commit_is_written_as_json_and_run_eagerly_as_its_type(
+    settings: Any,
+) -> None:
+    typed, value = shop.tasks.add_note_typed, shop.tasks.AddNote("t")
+    with transaction.atomic():
+        tid = dq.schedule_on_commit(None, typed, value, delay=60)
+    info = dq.queue().get(tid)
+    assert info is not None and (info.kind, info.payload) == (
+        "note.typed",
+        {"text": "t", "times": 1},
+    )
+    with pytest.raises(InvalidTaskError, match=r"'note.typed' \(AddNote\)"):
+        dq.schedule_on_commit(None, typed, {"text": "t"})  # type: ignore[misc]
+    settings.DELAYQ = {**settings.DELAYQ, "EAGER": True}
+    with transaction.atomic():
+        dq.schedule_on_commit(None, typed, shop.tasks.AddNote("e", times=3), delay=900)
+    assert shop.tasks.seen[-1][1] == shop.tasks.AddNote("e", times=3)
+    assert Note.objects.get().text == "eee"

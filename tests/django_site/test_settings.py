@@ -77,6 +77,7 @@ def test_discovery_finds_the_tasks_modules_in_order() -> None:
         ("every", (), "default"),
         ("cron", ("0 2 * * *",), "default"),
         ("on_expire", ("cart:*",), "default"),
+        ("handler", (shop.tasks.add_note_typed,), None),
     ]
     decl = declare.discover()[4]
     assert decl.options == {"hours": 1, "name": "hourly"}
@@ -101,6 +102,7 @@ def test_the_worker_gets_every_declaration_of_its_queues() -> None:
     assert "mail.send" not in default.kinds()
     assert "mail.send" in emails.kinds() and "note.add" in emails.kinds()  # queue=None: all
     assert default.get("note.add").max_attempts == 2  # type: ignore[union-attr]
+    assert default.get("note.typed").max_attempts == 3  # type: ignore[union-attr]
     only = dq.make_worker(["emails"])  # manage.py delayq_worker --queue emails
     assert [q.name for q in only.queues] == ["emails"]
     kinds = only.lanes[0].registry.kinds()

@@ -167,3 +167,24 @@ def test_a_handler_of_another_queue_runs_on_it(delayq_virtual: VirtualTime) -> N
     dq.queue("emails").schedule("mail.send", {"to": "a@example.com"}, delay=60)
     out = delayq_virtual.drain(until=timedelta(minutes=1), queue="emails")
     assert [(r.kind, r.outcome) for r in out.ran] == [("mail.send", "done")]
+
+
+@pytest.mark.django_db
+def test_a_typed_handler_gets_its_dataclass_and_a_bad_payload_is_dead(
+    delayq_virtual: VirtualTime,
+) -> None:
+    queue = dq.queue()
+    queue.schedule(shop.tasks.add_note_typed, shop.tasks.AddNote("ab", times=2), delay=60)
+    queue.schedule("note.typed", {"times": 2}, task_id="bad", delay=30)  # another producer's
+    queue.schedule("note.typed", {"text": "c", "new": 1}, delay=90)  # a newer producer's
+    out = delayq_virtual.drain(until=timedelta(minutes=2), queue="default")
+    assert [r.outcome for r in out.by_kind(shop.tasks.add_note_typed)] == ["dead", "done", "done"]
+    assert [s[1] for s in shop.tasks.seen] == [
+        shop.tasks.AddNote("ab", times=2),
+        shop.tasks.AddNote("c"),
+    ]
+    assert sorted(n.text for n in Note.objects.all()) == ["abab", "c"]
+    info = queue.get("bad")
+    assert info is not None and info.last_error == (
+        "payload does not match AddNote (the type of 'note.typed'): text: required field missing"
+    )

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 
 import redis
@@ -31,7 +32,10 @@ def main(blocks_path: str, results_path: str) -> None:
             Path(block["file"]).write_text(block["code"])
     for block in blocks:
         server.flushall()
-        namespace: dict[str, object] = {"__name__": "__docs__"}
+        # A module of its own, in sys.modules: what reads a class's string annotations (a
+        # dataclass, get_type_hints) finds its names there, as in an imported module.
+        module = sys.modules["__docs__"] = types.ModuleType("__docs__")
+        namespace = module.__dict__
         try:
             exec(compile(block["prelude"], "<prelude>", "exec"), namespace)
             exec(compile(block["code"], block["where"], "exec"), namespace)

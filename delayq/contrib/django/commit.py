@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
@@ -30,12 +30,39 @@ from delayq.contrib.django import conf, declare
 from delayq.contrib.django.queues import registry
 from delayq.errors import ConfigurationError, Discard, InvalidTaskError
 from delayq.queue import AsyncQueue, Queue
-from delayq.spec import CheckedSpec, new_task_id
+from delayq.spec import CheckedSpec, TaskType, new_task_id
 from delayq.task import Task
 
 log = logging.getLogger("delayq.contrib.django")
+X = TypeVar("X")  # a typed task's payload type
 
 OPTIONS = frozenset({"delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"})
+
+
+@overload
+def schedule_on_commit(
+    queue: Queue | str | None,
+    kind: TaskType[X, Any],
+    payload: X,
+    *,
+    using: str | None = None,
+    robust: bool = False,
+    outbox: bool = False,
+    **options: Any,
+) -> str: ...
+
+
+@overload
+def schedule_on_commit(
+    queue: Queue | str | None,
+    kind: str,
+    payload: Any = None,
+    *,
+    using: str | None = None,
+    robust: bool = False,
+    outbox: bool = False,
+    **options: Any,
+) -> str: ...
 
 
 def schedule_on_commit(
@@ -55,8 +82,10 @@ def schedule_on_commit(
     Args:
         queue: a ``Queue``, or the name of a queue of ``settings.DELAYQ["QUEUES"]`` (None:
             the only one configured).
-        kind: the task's kind, as ``Queue.schedule`` takes it.
-        payload: the handler's ``task.payload``, checked and copied now.
+        kind: the task's kind, or a :class:`~delayq.TaskType`, as ``Queue.schedule``
+            takes it.
+        payload: the handler's ``task.payload``, checked and copied now (for a TaskType,
+            a value of its payload type, encoded now).
         using: the database alias whose transaction decides (as ``on_commit``'s).
         robust: as ``on_commit``'s: a failing schedule is logged and the commit's other
             callbacks still run, instead of raising from the commit.
@@ -86,16 +115,17 @@ def schedule_on_commit(
             f"(it takes {', '.join(sorted(OPTIONS))}, using, robust and outbox)"
         )
     task_id = options.get("task_id") or new_task_id()
-    if isinstance(kind, str):  # a typed kind is checked by its queue when it is scheduled
-        CheckedSpec(
-            kind,
-            None,
-            options.get("delay"),
-            options.get("at"),
-            task_id,
-            options.get("max_attempts", 0),
-            options.get("headers"),
-        )
+    if isinstance(kind, TaskType):  # from here on, its plain kind and JSON value
+        kind, payload = kind.kind, kind.dump(payload)
+    CheckedSpec(
+        kind,
+        None,
+        options.get("delay"),
+        options.get("at"),
+        task_id,
+        options.get("max_attempts", 0),
+        options.get("headers"),
+    )
     codec = target.core.codec
     payload = codec.decode(encode_payload(codec, payload, target.core.max_payload))
     scheduled = {**options, "task_id": task_id}
@@ -144,7 +174,8 @@ def _queue(queue: Queue | str | None) -> Queue:
 
 def run_eagerly(queue: Queue, kind: Any, payload: Any, options: dict[str, Any]) -> None:
     """``DELAYQ["EAGER"]``: call the discovered handler of ``kind`` now, in this thread,
-    whatever the delay (``Discard`` ends it quietly; any other exception propagates)."""
+    whatever the delay (``Discard`` ends it quietly; any other exception propagates, as
+    does the error of a payload that does not match a TaskType's payload type)."""
     name = getattr(kind, "kind", kind)
     found = declare.find_handler(queue.name, name)
     if found is None:
@@ -152,6 +183,9 @@ def run_eagerly(queue: Queue, kind: Any, payload: Any, options: dict[str, Any]) 
             f"DELAYQ['EAGER'] is on and no @delayq.contrib.django.handler({name!r}) was "
             f"found for queue {queue.name!r} in the apps' tasks modules"
         )
+    declared = found.args[0]
+    if isinstance(declared, TaskType):  # its handler gets the payload as its type
+        payload = declared.load(payload)
     task = Task(
         options["task_id"],
         name,

@@ -16,7 +16,7 @@ import importlib
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
@@ -25,9 +25,13 @@ from django.utils.module_loading import module_has_submodule
 from delayq.contrib.django import conf, db
 from delayq.contrib.django.queues import registry
 from delayq.errors import ConfigurationError
+from delayq.spec import TaskType
+from delayq.task import Task
 from delayq.worker.worker import Worker
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P")  # a typed task's payload type
+T = TypeVar("T")  # what its handler returns
 Method = Literal["handler", "cron", "every", "on_expire"]
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 ATTR = "__delayq_declarations__"
@@ -71,10 +75,22 @@ def _declare(
     return declare
 
 
+@overload
+def handler(
+    kind: TaskType[P, Any], *, queue: str | None = None, **options: Any
+) -> Callable[[Callable[[Task[P]], T]], Callable[[Task[P]], T]]: ...
+
+
+@overload
+def handler(kind: str, *, queue: str | None = None, **options: Any) -> Callable[[F], F]: ...
+
+
 def handler(kind: Any, *, queue: str | None = None, **options: Any) -> Callable[[F], F]:
     """Declare the decorated function the handler of ``kind`` (sync or async), with the
     options of ``Worker.handler`` (``max_attempts``, ``backoff``, ``jitter``, ``timeout``,
-    ``concurrency``). ``queue``: a configured queue's name (default: every queue the worker
+    ``concurrency``). ``kind``: a kind, or a :class:`~delayq.TaskType`, whose handler is
+    given ``task.payload`` as its payload type (and whose options are the defaults of
+    these). ``queue``: a configured queue's name (default: every queue the worker
     serves)."""
     return _declare("handler", (kind,), queue, options)
 

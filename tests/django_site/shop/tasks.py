@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connection, connections
 
 import delayq.contrib.django as dq
-from delayq import Discard, Expired, Task
+from delayq import Discard, Expired, Task, TaskType
 from shop.models import Note
 
 # What the handlers saw, for the tests: (kind or name, payload, the connection wrapper).
@@ -56,3 +57,19 @@ def nightly(task: Task) -> None:
 @dq.on_expire("cart:*", queue="default")
 def cart_expired(expired: Expired) -> None:
     seen.append(("cart", expired.value, None))
+
+
+@dataclass
+class AddNote:
+    text: str
+    times: int = 1
+
+
+# A typed task: its handler gets an AddNote, and its options are the handler's defaults.
+add_note_typed = TaskType("note.typed", AddNote, max_attempts=3)
+
+
+@dq.handler(add_note_typed)
+def add_typed_note(task: Task[AddNote]) -> None:
+    Note.objects.create(text=task.payload.text * task.payload.times)
+    seen.append(("note.typed", task.payload, None))
