@@ -81,20 +81,24 @@ def server_side(rep: Report, n: int) -> None:
         )
 
 
-async def _runs_path(n: int, middleware: bool = False) -> float:
+async def _runs_path(n: int, middleware: bool = False, sync: bool = False) -> float:
     async def noop(task: Any) -> None:
+        return None
+
+    def sync_noop(task: Any) -> None:
         return None
 
     async def passthrough(task: Any, call_next: Any) -> Any:
         return await call_next(task)
 
     worker = Worker(Queue("q", url="redis://127.0.0.1:1/0"))  # builders only: never connects
-    worker.handler("noop")(noop)
+    worker.handler("noop")(sync_noop if sync else noop)
     if middleware:
         worker.middleware(passthrough)
     loop = asyncio.get_running_loop()
     runner = AsyncRunner(async_client(worker.queue.url))
-    ctx = worker.context(runner, HandlerThreads(0, loop, "bench"), asyncio.Event())
+    threads = HandlerThreads(16 if sync else 0, loop, "bench")
+    ctx = worker.context(runner, threads, asyncio.Event())
     executor = Executor(ctx)
     written: list[Outcome] = []
 
@@ -117,12 +121,15 @@ async def _runs_path(n: int, middleware: bool = False) -> float:
             await asyncio.sleep(0)
         runs.written(lane, written, set())
         written.clear()
-    return (time.process_time() - t0) / n * 1e6
+    took = (time.process_time() - t0) / n * 1e6
+    threads.shutdown()
+    return took
 
 
 def worker_side(rep: Report, n: int) -> None:
     runs_us = asyncio.run(_runs_path(n))
     mw_us = asyncio.run(_runs_path(n, middleware=True))
+    sync_us = asyncio.run(_runs_path(n, sync=True))
     core = Queue("costs", url="redis://127.0.0.1:1/0").core  # builders only: never connects
     op = leasing.claim(core, limit=1000, lease_ms=30_000)
     reply: list[object] = [1] + [-1] * (leasing.SCRIPTS["claim"].reply.head - 1)  # the head
@@ -147,9 +154,16 @@ def worker_side(rep: Report, n: int) -> None:
         f"{parse_us:.2f}, ack packing {pack_us:.2f} us/task (CPU, no Redis)"
     )
     rep.line(f"worker: the same with one no-op middleware {mw_us:.2f} us/task (CPU, no Redis)")
+    rep.line(f"worker: the same with a sync no-op handler (16 threads) {sync_us:.2f} us/task")
     rep.figure(
         "worker",
-        {"runs_us": runs_us, "middleware_us": mw_us, "parse_us": parse_us, "pack_us": pack_us},
+        {
+            "runs_us": runs_us,
+            "middleware_us": mw_us,
+            "sync_us": sync_us,
+            "parse_us": parse_us,
+            "pack_us": pack_us,
+        },
     )
 
 

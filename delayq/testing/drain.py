@@ -36,7 +36,7 @@ from delayq.timing import ms_to_datetime
 from delayq.worker import unreadable
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, outcome_op
-from delayq.worker.threads import HandlerThreads
+from delayq.worker.threads import HandlerThreads, Job
 
 if TYPE_CHECKING:
     from delayq.worker.worker import Worker
@@ -130,15 +130,16 @@ class InlineThreads(HandlerThreads):
         super().__init__(0, loop, "delayq-drain")
         self.loop = loop
 
-    def submit(self, fn: Any, arg: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = self.loop.create_future()
+    def submit(self, fn: Any, arg: Any) -> Job:
+        job = Job(self.loop.create_future())
         try:
-            fut.set_result(fn(arg))
+            job.fut.set_result(fn(arg))
         except Exception as e:
-            fut.set_exception(e)
+            job.fut.set_exception(e)
         except BaseException as e:  # sys.exit() in a handler fails the task, as in a worker
-            fut.set_exception(RuntimeError(f"handler raised {e!r}"))
-        return fut
+            job.fut.set_exception(RuntimeError(f"handler raised {e!r}"))
+        job.returned = True
+        return job
 
 
 def _clock_of(worker: Worker) -> VirtualClock:
