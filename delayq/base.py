@@ -22,6 +22,7 @@ from delayq.controls import Controls, RateLimit
 from delayq.core import DEFAULT_DEDUPE_WINDOW, MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
 from delayq.cron import facade as cron
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
+from delayq.history import DEFAULT_HISTORY_WINDOW
 from delayq.hooks import BeforeSchedule
 from delayq.keys import DEFAULT_PREFIX
 from delayq.runner import (
@@ -184,6 +185,7 @@ class QueueBase(Generic[C]):
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        history_window: Duration = DEFAULT_HISTORY_WINDOW,
         durable_timeout: Duration | None = None,
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
@@ -216,6 +218,7 @@ class QueueBase(Generic[C]):
             codec=codec,
             max_payload=max_payload,
             dedupe_window=dedupe_window,
+            history_window=history_window,
             clock=clock,
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)

@@ -110,6 +110,13 @@ class QueueKeys:
     stats = Key(
         "HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."
     )
+    history = Key(
+        "HASH minute (since the epoch) -> '<succeeded> <discarded> <retried> <dead>[ <bucket>:"
+        "<count>]...': the outcomes workers wrote in that minute and their start lateness as "
+        "a histogram (delayq/history.py), for the dashboard; field ``first``: the oldest "
+        "minute kept. Written by ack, retry and bury, trimmed to the queue's history_window, "
+        "expires a window after its last minute began. Absent until a worker writes one."
+    )
     shards = Key(
         "HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split, "
         "stored by the first process to use it, so one opening it with another number is "

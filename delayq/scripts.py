@@ -371,6 +371,7 @@ NAMES = (
     "page",
     "timeline",
     "finished",
+    "history",
     "expire_set",
     "expire_touch",
     "expire_delete",

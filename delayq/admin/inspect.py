@@ -2,7 +2,8 @@
 
 Nothing here changes a queue (the actions are in ``operate.py``). Each view is one script
 call per queue, and views of several queues go out in one round trip. The builders for the
-read-only scripts this module adds (``page``, ``timeline``, ``finished``) are pure, like
+read-only scripts this module adds (``page``, ``timeline``, ``finished``, ``history``) are
+pure, like
 those in ``core.py``.
 """
 
@@ -22,6 +23,7 @@ from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
 from delayq.errors import InvalidTaskError
+from delayq.history import History, Minute, merge, parse_minute
 from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
@@ -135,11 +137,15 @@ class Finished:
 
 # Their replies as the scripts declare them ("-- REPLY"), checked once, at import, against
 # the names the parsers below unpack.
-_PAGE, _TIMELINE, _FINISHED = (SCRIPTS[n].reply for n in ("page", "timeline", "finished"))
+_PAGE, _TIMELINE, _FINISHED, _HISTORY = (
+    SCRIPTS[n].reply for n in ("page", "timeline", "finished", "history")
+)
 _PAGE.require_row(*ROWS)
 _TIMELINE.require_row("count")
 _NOW, _OVERDUE, _LATER = (_TIMELINE.at(n) for n in ("now", "overdue", "later"))
 _FINISHED.require_row("kind", "due", "finished")
+_HISTORY.require_row("minute", "counts")
+_HISTORY_NOW = _HISTORY.at("now")
 
 
 def page(
@@ -197,6 +203,22 @@ def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
         return out
 
     return core.op("finished", {"limit": limit}, [], parse)
+
+
+def history(core: QueueCore, now_ms: int | None = None) -> Op[tuple[int, list[Minute]]]:
+    """One shard's history: the server's now (ms) and the minutes it keeps."""
+
+    def parse(r: Any) -> tuple[int, list[Minute]]:
+        minutes = []
+        for minute, counts in _HISTORY.rows(r):
+            try:
+                m = int(minute)
+            except ValueError:  # (not a field delayq writes)
+                continue
+            minutes.append(parse_minute(m, counts))
+        return int(r[_HISTORY_NOW]), minutes
+
+    return core.op("history", {"now": "" if now_ms is None else int(now_ms)}, [], parse)
 
 
 def overview_ops(shards: Shards) -> list[Op[Any]]:
@@ -384,6 +406,12 @@ class Admin:
         parts = self.runner.run_many([finished(c, limit) for c in cores])
         merged = sorted((f for p in parts for f in p), key=lambda f: f.finished_at, reverse=True)
         return merged[:limit]
+
+    def history(self, name: str) -> History:
+        """The queue's per-minute outcomes and lateness (every shard's summed), as workers
+        wrote them over its ``history_window``: the dashboard's history charts."""
+        cores = self.queue(name).shards.cores
+        return merge(self.runner.run_many([history(c) for c in cores]))
 
     def task(self, name: str, task_id: str) -> TaskInfo | None:
         return self.queue(name).get(task_id)
