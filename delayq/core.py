@@ -26,7 +26,7 @@ from delayq.codec import (
     record_prefix,
 )
 from delayq.errors import ConfigurationError, InvalidTaskError
-from delayq.history import DEFAULT_HISTORY_WINDOW, window_minutes
+from delayq.history import DEFAULT_HISTORY_WINDOW, window_ms
 from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
@@ -198,8 +198,8 @@ class QueueCore:
             max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
         )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
-        # The minutes of the dashboard's history each shard keeps (delayq/history.py).
-        self.history_minutes = window_minutes(history_window)
+        # How long the dashboard's history is kept past its hour (delayq/history.py).
+        self.history_ms = window_ms(history_window)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self._new_keys: list[str] | None = None

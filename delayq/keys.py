@@ -110,13 +110,6 @@ class QueueKeys:
     stats = Key(
         "HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."
     )
-    history = Key(
-        "HASH minute (since the epoch) -> '<succeeded> <discarded> <retried> <dead>[ <bucket>:"
-        "<count>]...': the outcomes workers wrote in that minute and their start lateness as "
-        "a histogram (delayq/history.py), for the dashboard; field ``first``: the oldest "
-        "minute kept. Written by ack, retry and bury, trimmed to the queue's history_window, "
-        "expires a window after its last minute began. Absent until a worker writes one."
-    )
     shards = Key(
         "HASH on the unsplit queue's tag, field ``n``: into how many shards the queue is split, "
         "stored by the first process to use it, so one opening it with another number is "
@@ -146,6 +139,15 @@ class QueueKeys:
         then ``d``, the digest and the first answer, kept for the dedupe window. Written
         only by the idem_begin and idem_end scripts, on the queue's (shard 0's) tag."""
         return f"{self.base}:idem:{digest}"
+
+    def history(self, minute: int) -> str:
+        """HASH of the dashboard's history for the ten minutes from ``minute`` (since the
+        epoch, by the writing worker's clock): fields ``<minute>:s``, ``:d``, ``:r`` and
+        ``:x`` (succeeded, discarded, retried, dead) and ``<minute>:<bucket>`` (starts per
+        lateness bucket, delayq/history.py), counted by ack, retry and bury; it expires the
+        queue's ``history_window`` after its ten minutes end. Absent until a worker writes
+        one."""
+        return f"{self.base}:history:{minute}"
 
     def expire_gate(self, key: str) -> str:
         """Short-lived marker that lets one worker of many act on a foreign key's expiry."""

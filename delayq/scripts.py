@@ -371,7 +371,6 @@ NAMES = (
     "page",
     "timeline",
     "finished",
-    "history",
     "expire_set",
     "expire_touch",
     "expire_delete",

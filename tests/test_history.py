@@ -13,7 +13,7 @@ import pytest
 from delayq import Fail, Queue, Retry, TaskSpec, Worker, leasing
 from delayq.admin import Admin
 from delayq.embedded import EmbeddedServer
-from delayq.history import bucket, upper_edge
+from delayq.history import SPAN_MS, bucket, history_of, span_of, upper_edge
 from delayq.runner import SyncRunner
 
 from .conftest import WorkerThread
@@ -84,9 +84,9 @@ def _claim_all(run: SyncRunner, queue: Queue, now: int) -> list[tuple[str, int]]
 def test_outcomes_land_in_their_minute_with_their_lateness(
     server: EmbeddedServer, qname: str
 ) -> None:
-    """The scripts alone, as of given times: ack, retry and bury each add to the minute of
-    their ``now``, a refused lease counts nothing, and the batch's lateness is merged into
-    the minute's histogram."""
+    """The scripts alone, as of given times: ack, retry and bury each count in the minute of
+    their ``now``, in the hash of its ten minutes, a refused lease counts nothing, and the batch's
+    lateness is added to the minute's histogram."""
     with Queue(qname, url=server.url) as queue:
         run = SyncRunner(queue.client)
         queue.schedule_many([TaskSpec("k", {"i": i}, at=T0 / 1000 - 60) for i in range(6)])
@@ -100,59 +100,56 @@ def test_outcomes_land_in_their_minute_with_their_lateness(
         run.run(leasing.retry(queue.core, retry, lateness=[0.5], now_ms=now))
         bury = [(i, t, "dead") for i, t in held[4:]]
         run.run(leasing.bury(queue.core, bury, lateness=[0.5, -1.0], now_ms=now + MINUTE))
-        raw = queue.client.hgetall(queue.core.keys.history)
-        first_minute = T0 // MINUTE
+        first = T0 // MINUTE
+        span = span_of(T0)
+        assert span == first  # (T0 begins ten minutes)
+        key = queue.core.keys.history(span)
+        assert key == f"dq:{{{qname}}}:history:{span}"
         fast, ms, slow = bucket(0.0003), bucket(0.002), bucket(0.5)
-        assert raw == {
-            b"first": str(first_minute).encode(),
-            str(first_minute).encode(): f"2 1 1 0 {fast}:2 {ms}:1 {slow}:1".encode(),
-            str(first_minute + 1).encode(): f"0 0 0 2 {slow}:1".encode(),
-        }
-        with Admin(server.url, queues=[qname]) as admin:
-            h = admin.history(qname)
-        m = h.get(first_minute)
+        assert queue.client.hgetall(key) == {
+            f"{first}:{f}".encode(): str(n).encode()
+            for f, n in [("s", 2), (fast, 1), (ms, 1), ("d", 1), ("r", 1), (slow, 1)]
+        } | {f"{first + 1}:x".encode(): b"2", f"{first + 1}:{slow}".encode(): b"1"}
+        # Kept to the end of its ten minutes, then the window (24 h by default); set again
+        # by the bury, the first dead of its minute.
+        expected = T0 + SPAN_MS - (now + MINUTE) + 24 * 3_600_000
+        assert expected - 5000 < queue.client.pttl(key) <= expected
+        h = history_of(now, [queue.client.hgetall(key)])
+        m = h.get(first)
         assert (m.done, m.succeeded, m.discarded, m.retried, m.dead) == (3, 2, 1, 1, 0)
-        # 4 starts (the refused ack's too): 0.3 ms twice, 2 ms, 0.5 s; each percentile is
-        # its bucket's upper bound.
-        assert m.started == 4
+        # 3 starts: 0.3 ms, 2 ms, 0.5 s; each percentile is its bucket's upper bound.
+        assert m.started == 3
         assert upper_edge(fast) == pytest.approx(0.0004)
-        assert upper_edge(ms) == pytest.approx(0.0022627, rel=1e-4)
-        assert upper_edge(slow) == pytest.approx(0.5792619, rel=1e-4)
-        assert m.percentile(50) == upper_edge(fast)
-        assert m.percentile(75) == upper_edge(ms)
+        assert upper_edge(ms) == pytest.approx(0.0032)
+        assert upper_edge(slow) == pytest.approx(0.8192)
+        assert m.percentile(33) == upper_edge(fast)
+        assert m.percentile(50) == upper_edge(ms)
         assert m.percentile(99) == upper_edge(slow)
+        assert h.get(first + 1).dead == 2 and h.get(first + 1).started == 1
 
 
-def test_the_window_keeps_only_its_minutes_and_the_key_expires(
-    server: EmbeddedServer, qname: str
-) -> None:
-    """history_window=180 s: three minutes kept. A write in each of minutes 0..5 leaves
-    minutes 3..5; one after an hour's gap leaves that minute alone; the key expires a
-    minute past the window; history_window=0 writes nothing."""
-    with Queue(qname, url=server.url, history_window=180) as queue:
+def test_the_window_bounds_the_history(server: EmbeddedServer, qname: str) -> None:
+    """history_window=1 s, written 0.6 s before its ten minutes end: its hash is kept 1.6 s,
+    then gone; a write in the next ten minutes goes to their hash; history_window=0 writes
+    nothing."""
+    with Queue(qname, url=server.url, history_window=1) as queue:
         run = SyncRunner(queue.client)
-        queue.schedule_many([TaskSpec("k", {"i": i}, at=T0 / 1000 - 60) for i in range(7)])
+        queue.schedule_many([TaskSpec("k", {"i": i}, at=T0 / 1000 - 60) for i in range(2)])
         held = _claim_all(run, queue, T0)
-        key = queue.core.keys.history
-        base = T0 // MINUTE
-
-        def minutes() -> list[int]:
-            return sorted(int(f) for f in queue.client.hkeys(key) if f != b"first")
-
-        for i in range(6):
-            run.run(leasing.ack(queue.core, held[i : i + 1], now_ms=T0 + i * MINUTE + 10))
-        assert minutes() == [base + 3, base + 4, base + 5]
-        assert queue.client.hget(key, "first") == str(base + 3).encode()
-        assert 180_000 < queue.client.pttl(key) <= 240_000
-        run.run(leasing.ack(queue.core, held[6:7], now_ms=T0 + 65 * MINUTE))
-        assert minutes() == [base + 65]
-        assert queue.client.hget(key, "first") == str(base + 63).encode()
+        end = T0 + SPAN_MS
+        run.run(leasing.ack(queue.core, held[:1], lateness=[0.001], now_ms=end - 600))
+        run.run(leasing.ack(queue.core, held[1:], lateness=[0.001], now_ms=end + 10))
+        old, new = (queue.core.keys.history(span_of(t)) for t in (T0, end))
+        assert 1000 < queue.client.pttl(old) <= 1600
+        assert 600_000 < queue.client.pttl(new) <= 600_990
+        wait_for(lambda: not queue.client.exists(old), timeout=5)
+        assert queue.client.hget(new, f"{end // MINUTE}:s") == b"1"
     with Queue(qname + "-none", url=server.url, history_window=0) as queue:
         run = SyncRunner(queue.client)
         queue.schedule("k", {}, at=T0 / 1000 - 60)
         run.run(leasing.ack(queue.core, _claim_all(run, queue, T0), lateness=[0.1], now_ms=T0))
         assert queue.stats().done == 1
-        assert not queue.client.exists(queue.core.keys.history)
+        assert not queue.client.exists(queue.core.keys.history(span_of(T0)))
 
 
 def test_a_history_window_over_a_week_is_refused(server: EmbeddedServer, qname: str) -> None:

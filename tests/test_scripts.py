@@ -1324,7 +1324,6 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         admin.page(core, "scheduled"),
         admin.timeline(core, 60, 10, now_ms=NOW),
         admin.finished(core),
-        admin.history(core, now_ms=NOW),
         unregister(core, "w1"),
         expiring.set_op(core, "k", b"1", 5),
         expiring.touch_op(core, "k", 5),

@@ -2,8 +2,7 @@
 
 Nothing here changes a queue (the actions are in ``operate.py``). Each view is one script
 call per queue, and views of several queues go out in one round trip. The builders for the
-read-only scripts this module adds (``page``, ``timeline``, ``finished``, ``history``) are
-pure, like
+read-only scripts this module adds (``page``, ``timeline``, ``finished``) are pure, like
 those in ``core.py``.
 """
 
@@ -23,7 +22,7 @@ from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
 from delayq.errors import InvalidTaskError
-from delayq.history import History, Minute, merge, parse_minute
+from delayq.history import READ_SPANS, SPAN_MS, History, history_of, span_of
 from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
@@ -137,15 +136,11 @@ class Finished:
 
 # Their replies as the scripts declare them ("-- REPLY"), checked once, at import, against
 # the names the parsers below unpack.
-_PAGE, _TIMELINE, _FINISHED, _HISTORY = (
-    SCRIPTS[n].reply for n in ("page", "timeline", "finished", "history")
-)
+_PAGE, _TIMELINE, _FINISHED = (SCRIPTS[n].reply for n in ("page", "timeline", "finished"))
 _PAGE.require_row(*ROWS)
 _TIMELINE.require_row("count")
 _NOW, _OVERDUE, _LATER = (_TIMELINE.at(n) for n in ("now", "overdue", "later"))
 _FINISHED.require_row("kind", "due", "finished")
-_HISTORY.require_row("minute", "counts")
-_HISTORY_NOW = _HISTORY.at("now")
 
 
 def page(
@@ -203,22 +198,6 @@ def finished(core: QueueCore, limit: int = 500) -> Op[list[Finished]]:
         return out
 
     return core.op("finished", {"limit": limit}, [], parse)
-
-
-def history(core: QueueCore, now_ms: int | None = None) -> Op[tuple[int, list[Minute]]]:
-    """One shard's history: the server's now (ms) and the minutes it keeps."""
-
-    def parse(r: Any) -> tuple[int, list[Minute]]:
-        minutes = []
-        for minute, counts in _HISTORY.rows(r):
-            try:
-                m = int(minute)
-            except ValueError:  # (not a field delayq writes)
-                continue
-            minutes.append(parse_minute(m, counts))
-        return int(r[_HISTORY_NOW]), minutes
-
-    return core.op("history", {"now": "" if now_ms is None else int(now_ms)}, [], parse)
 
 
 def overview_ops(shards: Shards) -> list[Op[Any]]:
@@ -411,7 +390,19 @@ class Admin:
         """The queue's per-minute outcomes and lateness (every shard's summed), as workers
         wrote them over its ``history_window``: the dashboard's history charts."""
         cores = self.queue(name).shards.cores
-        return merge(self.runner.run_many([history(c) for c in cores]))
+        try:
+            now_s, now_us = self.client.time()
+            now_ms = now_s * 1000 + now_us // 1000
+            step = SPAN_MS // 60_000
+            last = span_of(now_ms) + step  # (a worker whose clock is ahead)
+            pipe = self.client.pipeline(transaction=False)
+            for core in cores:
+                for span in range(last - (READ_SPANS - 1) * step, last + 1, step):
+                    pipe.hgetall(core.keys.history(span))
+            hashes = pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+        return history_of(now_ms, hashes)
 
     def task(self, name: str, task_id: str) -> TaskInfo | None:
         return self.queue(name).get(task_id)

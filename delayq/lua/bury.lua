@@ -6,9 +6,9 @@
 -- KEYS[4] errors
 -- KEYS[5] stats
 -- KEYS[6] attempts
--- KEYS[7] history
+-- KEYS[7] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
 -- ARGV[1] now        ms, or "" for the server's TIME
--- ARGV[2] history    the dashboard's history window in minutes (0: keep none)
+-- ARGV[2] history    ms to keep the history's hash from now (0: keep no history)
 -- ARGV[3] lateness   the batch's start lateness: "<bucket>:<count>" pairs (delayq/history.py)
 -- ARGV[4...] tasks   triples: id, lease token, reason
 -- REPLY per refused {id}
@@ -32,5 +32,5 @@ for j, id in ipairs(ids) do
     refused[#refused + 1] = id
   end
 end
-dq_history(K, now, A.history, 4, n, A.lateness)
+dq_history(K, now, A.history, 'x', n, A.lateness)
 return refused

@@ -5,10 +5,10 @@
 -- KEYS[4] errors
 -- KEYS[5] stats
 -- KEYS[6] attempts
--- KEYS[7] history
+-- KEYS[7] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
--- ARGV[3] history    the dashboard's history window in minutes (0: keep none)
+-- ARGV[3] history    ms to keep the history's hash from now (0: keep no history)
 -- ARGV[4] lateness   the batch's start lateness: "<bucket>:<count>" pairs (delayq/history.py)
 -- ARGV[5...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
 -- REPLY per refused {id}
@@ -39,6 +39,6 @@ for j, id in ipairs(ids) do
   end
 end
 if n > 0 then redis.call('HINCRBY', K.stats, 'retried', n) end
-dq_history(K, now, A.history, 3, n, A.lateness)
+dq_history(K, now, A.history, 'r', n, A.lateness)
 dq_wake(A.channel, old_head, min_due)
 return refused
