@@ -63,7 +63,10 @@ def server_side(rep: Report, n: int) -> None:
             claim_us = _script_us(r) / len(held)
             r.config_resetstat()
             for i in range(0, len(held), batch):
-                run.run(leasing.ack(q.core, held[i : i + batch]))
+                # With lateness as a worker sends it, over a few of the history's buckets.
+                part = held[i : i + batch]
+                late = [0.0002 + (j % 7) * 0.0001 for j in range(len(part))]
+                run.run(leasing.ack(q.core, part, lateness=late))
             ack_us = _script_us(r) / len(held)
             r.zadd("floor:due", {f"t{i}": 0 for i in range(n)})
             sha = r.script_load(FLOOR_CLAIM)
@@ -136,7 +139,8 @@ def worker_side(rep: Report, n: int) -> None:
 
     from delayq.connection import hiredis_packing
 
-    ack = outcome_op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
+    acks = [Outcome("ack", f"t{i}", i, late=0.0002 + (i % 7) * 0.0001) for i in range(1000)]
+    ack = outcome_op(core, "ack", acks)
     conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     t0 = time.process_time()
     for _ in range(20):
