@@ -42,16 +42,16 @@ class Outcome(NamedTuple):
 
 
 def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
-    leases = [(o.id, o.token) for o in items]
-    late = [o.late for o in items]  # the dashboard's history (delayq/history.py)
-    if action in ("ack", "discard"):
-        return leasing.ack(core, leases, discarded=action == "discard", lateness=late)
+    if action == "release":
+        return leasing.release(core, [(o.id, o.token) for o in items], dues=[o.due for o in items])
+    late = [o.late for o in items]  # for the dashboard's history (delayq/history.py)
     if action == "retry":
-        items_ = [(o.id, o.token, o.due, o.text) for o in items]
-        return leasing.retry(core, items_, lateness=late)
+        rows = [(o.id, o.token, o.due, o.text) for o in items]
+        return leasing.retry(core, rows, lateness=late)
     if action == "bury":
         return leasing.bury(core, [(o.id, o.token, o.text) for o in items], lateness=late)
-    return leasing.release(core, leases, dues=[o.due for o in items])
+    leases = [(o.id, o.token) for o in items]
+    return leasing.ack(core, leases, discarded=action == "discard", lateness=late)
 
 
 class Finisher:
