@@ -149,3 +149,76 @@ def run(rep: Report) -> None:
                     f"(median of {rounds} alternating rounds)"
                 )
                 rep.figure(f"{flavour}-ack-{batch}", {"on_us": on, "off_us": off})
+
+
+# -- instruction counts: ``python bench/history.py callgrind [--redis]`` ---------------------
+#
+# The times above move with the machine's load; the server's instructions do not. As
+# bench/server_cost.py's callgrind: a server under valgrind, instrumentation switched on
+# around the acks alone, with the history and without (history_window=0), at 16 and 500.
+
+
+def ack_instructions(flavour: str, batch: int, history: bool, n: int = 5_000) -> float:
+    """Server instructions per task of acking ``n`` tasks in batches of ``batch``."""
+    import os
+    import socket
+    import subprocess
+    import tempfile
+
+    from common import _live_procs, server_binary, stop_pid
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(prefix="callgrind-history-", suffix=".out")
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    argv += [f"--callgrind-out-file={out}", server_binary(flavour), "--port", str(port)]
+    argv += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _live_procs[proc.pid] = proc
+
+    def instr(on: str) -> None:
+        subprocess.run(["callgrind_control", "-i", on, str(proc.pid)], capture_output=True)
+
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(600):
+            try:
+                client(url).ping()
+                break
+            except Exception:
+                time.sleep(0.1)
+        with Queue("cg", url=url, history_window=86_400 if history else 0) as q:
+            run = SyncRunner(q.client)
+            q.schedule_many(TaskSpec("noop", {"i": i}, delay=0) for i in range(n + 1))
+            held: list[tuple[str, int]] = []
+            while got := run.run(leasing.claim(q.core, limit=1000, lease_ms=600_000)).tasks:
+                held += [(c.id, c.token) for c in got]
+            run.run(leasing.ack(q.core, held[:1], lateness=[0.0003]))  # scripts loaded
+            instr("on")
+            for i in range(1, len(held), batch):
+                part = held[i : i + batch]
+                late = [0.0002 + (k % 7) * 0.0001 for k in range(len(part))]
+                run.run(leasing.ack(q.core, part, lateness=late))
+            instr("off")
+    finally:
+        stop_pid(proc, timeout=120)  # callgrind writes its file as the server exits
+    with open(out) as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+    os.unlink(out)
+    return total / n
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["callgrind"]:
+        sys.exit("usage: bench/history.py callgrind [--redis] (bench/run history runs the rest)")
+    fl = "redis" if "--redis" in sys.argv else "valkey"
+    for size in (16, 500):
+        on, off = (ack_instructions(fl, size, h) for h in (True, False))
+        print(
+            f"{fl} ack, batches of {size}: {on:,.0f} instructions per task with the history, "
+            f"{off:,.0f} without: +{on - off:,.0f} ({(on / off - 1) * 100:+.1f}%)",
+            flush=True,
+        )
