@@ -198,7 +198,7 @@ class QueueCore:
             max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
         )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
-        # How long the dashboard's history is kept past its hour (delayq/history.py).
+        # How long the dashboard's history is kept past its ten minutes (delayq/history.py).
         self.history_ms = window_ms(history_window)
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}

@@ -25,8 +25,8 @@ the server merges them with ``HINCRBY`` and the p50 and p99 are read when shown.
 double from 0.1 ms (bucket 0: at most 0.1 ms; bucket i: at most 0.1 ms x 2^i; the last one
 holds the rest), so a percentile is known within a factor of 2 from 0.1 ms to 30 h with at
 most 32 buckets, of which a minute holds only those that occurred. Each bucket a batch
-touches is one ``HINCRBY``, which is why they are not finer: buckets of √2 touched twice as
-many (4 instead of 2 for a batch of 16 starting within 0.15-0.5 ms), for about 1 µs each.
+touches is one ``HINCRBY``, which is why they are not finer: buckets of √2 touch more (4
+instead of 3 for a batch starting within 0.15-0.5 ms), at about 1 µs each.
 """
 
 from __future__ import annotations
