@@ -21,6 +21,7 @@ from delayq.controls import Controls, RateLimit
 from delayq.core import MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
 from delayq.cron import facade as cron
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
+from delayq.history import DEFAULT_HISTORY_WINDOW
 from delayq.hooks import BeforeSchedule
 from delayq.keys import DEFAULT_PREFIX
 from delayq.runner import (
@@ -187,6 +188,7 @@ class QueueBase(Generic[C]):
         codec: str | None = None,
         max_payload: int | None = None,
         dedupe_window: Duration | None = None,
+        history_window: Duration = DEFAULT_HISTORY_WINDOW,
         durable_timeout: Duration | None = None,
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
@@ -217,7 +219,10 @@ class QueueBase(Generic[C]):
         # The settings the queue's producers share (delayq/settings.py): None, not given,
         # follows the queue's stored one, else the default; one given must agree with it.
         options: dict[str, Any] = dict(
-            prefix=prefix, given=given(dedupe_window, max_payload, codec), clock=clock
+            prefix=prefix,
+            given=given(dedupe_window, max_payload, codec),
+            history_window=history_window,
+            clock=clock,
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home

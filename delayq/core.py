@@ -25,6 +25,7 @@ from delayq.codec import (
     record_prefix,
 )
 from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.history import DEFAULT_HISTORY_WINDOW, window_ms
 from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
@@ -113,12 +114,8 @@ class Op(Generic[T]):
     ) -> None:
         # One per call made: the fields set as TaskSpec sets its own (no setattr per field).
         fields = self.__dict__
-        fields["script"], fields["keys"], fields["args"], fields["parse"] = (
-            script,
-            keys,
-            args,
-            parse,
-        )
+        fields["script"], fields["keys"] = script, keys
+        fields["args"], fields["parse"] = args, parse
 
 
 class SeekRow(NamedTuple):
@@ -193,6 +190,7 @@ class QueueCore:
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        history_window: Duration = DEFAULT_HISTORY_WINDOW,
         shard: int = 0,
         shards: int = 1,
         clock: Clock | None = None,
@@ -209,6 +207,7 @@ class QueueCore:
             max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
         )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
+        self.history_ms = window_ms(history_window)  # the dashboard's, past its 10 minutes
         self._prefixes: dict[tuple[str, int], bytes] = {}
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self._new_keys: list[str] | None = None

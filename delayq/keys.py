@@ -140,6 +140,15 @@ class QueueKeys:
         only by the idem_begin and idem_end scripts, on the queue's (shard 0's) tag."""
         return f"{self.base}:idem:{digest}"
 
+    def history(self, minute: int) -> str:
+        """HASH of the dashboard's history for the ten minutes from ``minute`` (since the
+        epoch, by the writing worker's clock): fields ``<minute>:s``, ``:d``, ``:r`` and
+        ``:x`` (succeeded, discarded, retried, dead) and ``<minute>:<bucket>`` (starts per
+        lateness bucket, delayq/history.py), counted by ack, retry and bury; it expires the
+        queue's ``history_window`` after its ten minutes end. Absent until a worker writes
+        one."""
+        return f"{self.base}:history:{minute}"
+
     def expire_gate(self, key: str) -> str:
         """Short-lived marker that lets one worker of many act on a foreign key's expiry."""
         return f"{self.base}:xgate:{key}"

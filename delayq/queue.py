@@ -47,6 +47,9 @@ class Queue(QueueBase[redis.Redis]):
             ``dq:{name}:...``); every process must use the same one.
         dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
             the id again within it changes nothing.
+        history_window: how long the dashboard's per-minute history of outcomes and
+            lateness is kept (default 24 h, at most 7 days; 0 keeps none). Workers write
+            it: theirs is the queue's that counts.
         max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
         codec: ``"json"`` (default) or ``"msgpack"``.
 

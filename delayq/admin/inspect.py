@@ -22,6 +22,7 @@ from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
 from delayq.errors import InvalidTaskError
+from delayq.history import READ_SPANS, SPAN_MS, History, history_of, span_of
 from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
@@ -384,6 +385,24 @@ class Admin:
         parts = self.runner.run_many([finished(c, limit) for c in cores])
         merged = sorted((f for p in parts for f in p), key=lambda f: f.finished_at, reverse=True)
         return merged[:limit]
+
+    def history(self, name: str) -> History:
+        """The queue's per-minute outcomes and lateness (every shard's summed), as workers
+        wrote them over its ``history_window``: the dashboard's history charts."""
+        cores = self.queue(name).shards.cores
+        try:
+            now_s, now_us = self.client.time()
+            now_ms = now_s * 1000 + now_us // 1000
+            step = SPAN_MS // 60_000
+            last = span_of(now_ms) + step  # (a worker whose clock is ahead)
+            pipe = self.client.pipeline(transaction=False)
+            for core in cores:
+                for span in range(last - (READ_SPANS - 1) * step, last + 1, step):
+                    pipe.hgetall(core.keys.history(span))
+            hashes = pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+        return history_of(now_ms, hashes)
 
     def task(self, name: str, task_id: str) -> TaskInfo | None:
         return self.queue(name).get(task_id)

@@ -5,9 +5,12 @@
 -- KEYS[4] errors
 -- KEYS[5] stats
 -- KEYS[6] attempts
+-- KEYS[7] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
--- ARGV[3...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
+-- ARGV[3] history    ms to keep the history's hash from now (0: keep no history)
+-- ARGV[4] lateness   the batch's start lateness: "<bucket>:<count>" pairs (delayq/history.py)
+-- ARGV[5...] tasks   quadruples: id, lease token, due ("+ms" from now, or absolute ms), error
 -- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
 --@include argv
@@ -15,6 +18,7 @@
 --@include due
 --@include error
 --@include head
+--@include history
 --@include lease
 --@include requeue
 --@include wake
@@ -35,5 +39,6 @@ for j, id in ipairs(ids) do
   end
 end
 if n > 0 then redis.call('HINCRBY', K.stats, 'retried', n) end
+dq_history(K, now, A.history, 'r', n, A.lateness)
 dq_wake(A.channel, old_head, min_due)
 return refused

@@ -88,6 +88,7 @@ class Executor:
         self.call = ctx.call  # without the middleware: for the internal handlers
         self.bare = ctx.chain is None  # no middleware: the fast path below is allowed
         self.classify = ctx.classify
+        self.virtual = ctx.core.clock  # a test's virtual clock, else None: this machine's
         # Told of every exception a handler raised, before it is classified (drain()'s
         # raise_errors); None in a serving worker.
         self.on_failure: Callable[[Task, BaseException], None] | None = None
@@ -109,12 +110,13 @@ class Executor:
         *,
         summary: str | None = None,
         exc: BaseException | None = None,
+        late: float = -1.0,
     ) -> Outcome:
         """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
         and ``exc``, the exception that killed it, with its traceback."""
         self._dead(claimed, reason, duration, summary, exc)
         await self._fire_on_dead(task, claimed.id, reason)
-        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
+        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard, late)
 
     def _dead(
         self,
@@ -207,8 +209,17 @@ class Executor:
             # function): set in this attempt's own context (a copy per run), no other's.
             ATTEMPT.set(owner)
         t0 = time.perf_counter()
+        # Its start's lateness, on the clock its due time is on (for the dashboard's
+        # history, and the metric); a task claimed with no due time counts none.
+        virtual = self.virtual
+        due_ms = claimed.header.due_ms
+        late = (
+            -1.0
+            if due_ms is None
+            else (time.time() if virtual is None else virtual.now_ms() / 1000) - due_ms / 1000
+        )
         if self.events.listeners:
-            self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+            self.emit("started", claimed, lateness=late)
         try:
             if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
                 await handler.fn(task)  # the usual case, one coroutine frame fewer
@@ -222,15 +233,15 @@ class Executor:
                 raise
             # The handler raised it itself (nobody cancelled the task it runs in): a failed
             # attempt like any other, or it would be handed back and run again forever.
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0, late)
         except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
             if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
                 self.emit("aborted", claimed, duration=time.perf_counter() - t0)
                 raise asyncio.CancelledError(f"task {task.id} was aborted") from None
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0, late)
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard, late)
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -240,7 +251,13 @@ class Executor:
             self.emit("lease_lost", claimed, duration=duration)
 
     async def _failed(
-        self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
+        self,
+        handler: Handler,
+        task: Task,
+        claimed: Claimed,
+        e: BaseException,
+        duration: float,
+        late: float,
     ) -> Outcome:
         """Act on what an exception from the handler means (see the module docstring)."""
         if self.on_failure is not None:
@@ -252,7 +269,7 @@ class Executor:
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self.emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token, "", "", claimed.shard)
+            return Outcome("discard", task.id, task.token, "", "", claimed.shard, late)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         text = "".join(traceback.format_exception(e)) if unexpected else v.error
         if v.failed:
@@ -263,7 +280,9 @@ class Executor:
             if reason is None:
                 reason = f"{attempts} failed:\n{text}"
             summary = f"{attempts} failed: {v.error}" if unexpected else reason
-            return await self._bury(task, claimed, reason, duration, summary=summary, exc=e)
+            return await self._bury(
+                task, claimed, reason, duration, summary=summary, exc=e, late=late
+            )
         if unexpected:
             log.warning(
                 "task %s (%s) attempt %d of %d failed, will retry: %s",
@@ -277,4 +296,4 @@ class Executor:
             )
         self.emit("retried", claimed, duration=duration)
         due = _retry_after(handler, task.attempt, v.after)
-        return Outcome("retry", task.id, task.token, due, text, claimed.shard)
+        return Outcome("retry", task.id, task.token, due, text, claimed.shard, late)

@@ -38,17 +38,20 @@ class Outcome(NamedTuple):
     due: str = ""  # retry: due spec; release: new due spec ("" keeps the due time)
     text: str = ""  # retry: error; bury: reason
     shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
+    late: float = -1.0  # seconds from its due time to its handler's start; -1: never started
 
 
 def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
-    leases = [(o.id, o.token) for o in items]
-    if action in ("ack", "discard"):
-        return leasing.ack(core, leases, discarded=action == "discard")
+    if action == "release":
+        return leasing.release(core, [(o.id, o.token) for o in items], dues=[o.due for o in items])
+    late = [o.late for o in items]  # for the dashboard's history (delayq/history.py)
     if action == "retry":
-        return leasing.retry(core, [(o.id, o.token, o.due, o.text) for o in items])
+        rows = [(o.id, o.token, o.due, o.text) for o in items]
+        return leasing.retry(core, rows, lateness=late)
     if action == "bury":
-        return leasing.bury(core, [(o.id, o.token, o.text) for o in items])
-    return leasing.release(core, leases, dues=[o.due for o in items])
+        return leasing.bury(core, [(o.id, o.token, o.text) for o in items], lateness=late)
+    leases = [(o.id, o.token) for o in items]
+    return leasing.ack(core, leases, discarded=action == "discard", lateness=late)
 
 
 class Finisher:
