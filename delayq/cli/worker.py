@@ -332,6 +332,9 @@ def _supervise(
         on_exit = metrics.process_dead
     command = [sys.executable, "-m", "delayq", "worker", app, "--processes=1", *options]
     supervisor = ProcessSupervisor(command, n, grace_s=obj.grace_s, env=env, on_exit=on_exit)
+    if metrics_port is not None:
+        metrics.health.children = supervisor.children
+        metrics.health.stopping = lambda: supervisor.stopping
     return supervisor.run()
 
 

@@ -31,6 +31,7 @@ from delayq.worker.clock import ServerClock
 from delayq.worker.context import WorkerContext
 from delayq.worker.engine import Engine, contexts, worker_client
 from delayq.worker.events import Events, Listener
+from delayq.worker.health import Health
 from delayq.worker.lane import (
     REGISTER_EVERY_S,
     Lane,
@@ -132,6 +133,8 @@ class Worker:
         self._started_at = time.time()
         self._stop_requested = threading.Event()
         self.engine: Engine | None = None  # the serving one (the last, once it has served)
+        # What /livez and /readyz answer (delayq worker --metrics-port): worker/health.py.
+        self.health = Health(self.max_wait_s)
 
     # -- registration ---------------------------------------------------------------------
 
