@@ -185,6 +185,11 @@ class WorkerMetrics:
             "delayq_tasks_aborted",
             "Attempts stopped because their task was aborted (queue.abort); not failures.",
         )
+        self.unknown_kind = counter(
+            "delayq_tasks_unknown_kind",
+            "Claims of tasks whose kind this worker has no handler for: handed back, the "
+            "attempt not counted (buried once unknown_kind_grace has passed).",
+        )
         self.lateness = Histogram(
             "delayq_task_lateness_seconds",
             "Start of the handler minus the task's due time.",
@@ -248,6 +253,8 @@ class WorkerMetrics:
             self.lease_lost.labels(*labels).inc()
         elif ev.event == "aborted":
             self.aborted.labels(*labels).inc()
+        elif ev.event == "unknown_kind":
+            self.unknown_kind.labels(*labels).inc()
 
     def _no_outcome(self, ev: TaskEvent, labels: tuple[str, str]) -> None:
         """The events that are no attempt's outcome: its start, a thread that outlives it."""

@@ -164,6 +164,10 @@ class Dashboard:
         timeline = self.admin.timeline(q.name, *WINDOWS[window])
         late, summary = lateness_chart(self.admin.finished(q.name, 500))
         upcoming = self.admin.tasks(q.name, "scheduled", 0, 10)
+        # Kinds no live worker has a handler for: workers hand their tasks back until their
+        # unknown_kind_grace ends, then bury them (docs/concepts.md).
+        handled = {k for w in ov.live_workers for k in w.kinds}
+        unhandled = sorted({t.kind for t in upcoming} - handled) if ov.live_workers else []
         return self.render(
             request,
             "queue.html",
@@ -178,6 +182,8 @@ class Dashboard:
             late=late,
             summary=summary,
             upcoming=upcoming,
+            unhandled=unhandled,
+            handed_back=ov.stats.counters.get("unknown_kind", 0),
         )
 
     def _page(

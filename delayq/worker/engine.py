@@ -81,6 +81,7 @@ class Host(Protocol):
     grace_s: float
     lookahead_s: float
     max_wait_s: float
+    unknown_kind_grace_s: float
     freeze_gc: bool
     clock: ServerClock
     events: Events
@@ -188,14 +189,16 @@ class Engine:
         lease_ms = round(host.lease_s * 1000)
         several = len(self.lanes) > 1
         for lane, ctx in zip(self.lanes, self.contexts, strict=True):
+            executor = Executor(ctx, host.unknown_kind_grace_s)
             lane.open(
                 ctx,
-                Executor(ctx),
+                executor,
                 Finisher(
                     ctx.shards,
                     self.runner,
                     functools.partial(self.runs.written, lane),
                     functools.partial(self.runs.dropped, lane),
+                    executor.unknown,
                 ),
                 Heartbeat(
                     ctx.shards,

@@ -88,6 +88,10 @@ class Worker:
         configure_notifications: with ``on_expire`` callbacks, add the ``E`` and ``x``
             flags to the server's ``notify-keyspace-events`` when they are missing (default);
             ``False`` only checks them (docs/expiring.md).
+        unknown_kind_grace: seconds (or a timedelta) a task of a kind this worker has no
+            handler for is handed back, its attempt not counted, before it is buried (1 h):
+            counted from when it fell due, so in a rolling deploy a new kind waits for the
+            workers that have its handler (docs/concepts.md, "A kind no worker handles").
         freeze_gc: once start-up is done, collect garbage and move what is left into the
             garbage collector's permanent generation (``gc.freeze()``, the first time any
             worker in the process serves), so the collector's full passes no longer walk
@@ -104,6 +108,7 @@ class Worker:
         grace: float | timedelta = 30,
         lookahead: float = 0.02,
         max_wait: float = 15.0,
+        unknown_kind_grace: float | timedelta = 3600,
         client: Any = None,
         configure_notifications: bool = True,
         freeze_gc: bool = True,
@@ -116,6 +121,7 @@ class Worker:
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
         self.max_wait_s = config_seconds(max_wait, "max_wait")
+        self.unknown_kind_grace_s = config_seconds(unknown_kind_grace, "unknown_kind_grace")
         self._client_arg = checked_client(client)
         self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
         self._configure = check.flag(configure_notifications, "configure_notifications")
@@ -307,10 +313,15 @@ class Worker:
         )
 
     def configure(
-        self, *, concurrency: int | None = None, lease: float | timedelta | None = None
+        self,
+        *,
+        concurrency: int | None = None,
+        lease: float | timedelta | None = None,
+        unknown_kind_grace: float | timedelta | None = None,
     ) -> None:
-        """Change ``concurrency`` or ``lease`` (checked as in the constructor) before the
-        worker serves; ``delayq worker --concurrency/--lease`` override the app's this way."""
+        """Change ``concurrency``, ``lease`` or ``unknown_kind_grace`` (checked as in the
+        constructor) before the worker serves; ``delayq worker --concurrency/--lease/
+        --unknown-kind-grace`` override the app's this way."""
         if self.engine is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
@@ -319,7 +330,11 @@ class Worker:
             for kind, cap in lane.registry.caps().items():
                 controls.checked_concurrency(kind, cap, most)
         lease_s = self.lease_s if lease is None else checked_lease(lease)
+        unknown_s = self.unknown_kind_grace_s
+        if unknown_kind_grace is not None:
+            unknown_s = config_seconds(unknown_kind_grace, "unknown_kind_grace")
         self.concurrency, self.lease_s = most, lease_s
+        self.unknown_kind_grace_s = unknown_s
 
     # -- serving: the engine's ----------------------------------------------------------
 
