@@ -3,6 +3,7 @@ processes on a private server, probed over HTTP."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,25 @@ def test_a_worker_whose_redis_is_gone_is_live_but_not_ready(
     assert unready.text.startswith("Redis did not answer"), unready.text
     live = probe(port, "/livez")
     assert live is not None and live.status_code == 200, w.output()  # no restart for that
+
+
+def test_a_worker_finishing_its_tasks_on_sigterm_is_live_but_not_ready(
+    setup: tuple[Queue, dict[str, str]], start: Any
+) -> None:
+    queue, env = setup
+    port = free_port()
+    w = start({**env, "DQ_GRACE": "20"}, "--metrics-port", str(port))
+    wait_for(lambda: answers(port, "/readyz", 200), timeout=30, interval=0.2)
+    queue.schedule("slow", {"s": 4})
+    wait_for(lambda: queue.stats().active == 1, timeout=10)
+    w.proc.send_signal(signal.SIGTERM)
+    # Its claim loop has ended on purpose: a liveness probe must not kill it in its grace.
+    wait_for(lambda: answers(port, "/readyz", 503), timeout=10, interval=0.1)
+    ready, live = probe(port, "/readyz"), probe(port, "/livez")
+    assert ready is not None and ready.text == "stopping\n"
+    assert live is not None and (live.status_code, live.text) == (200, "ok\n"), w.output()
+    assert w.proc.wait(30) == 0
+    assert queue.stats().counters.get("succeeded") == 2  # ok, and slow finished in its grace
 
 
 def test_a_supervisor_is_not_live_when_one_worker_process_hangs(

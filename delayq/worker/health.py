@@ -106,6 +106,8 @@ class Health:
         self.pulse = None
 
     def _live(self, now: float, loops: Iterable[asyncio.Task[None]]) -> str:
+        if self.stopping:  # the loops end on purpose; a stuck loop still shows (the pulse)
+            return ""
         for task in loops:
             if task.done():
                 return f"worker loop {task.get_name()!r} ended"
