@@ -82,8 +82,8 @@ def test_after_the_grace_it_is_dead_with_the_reason(queue: Queue, run_worker: An
     worker = known(queue, unknown_kind_grace=2, max_wait=0.1)
     dead: list[tuple[str, str]] = []
     worker.on_dead(lambda tid, reason, task: dead.append((tid, reason)))
+    due = time.time()  # (taken before: the server's due time is no earlier)
     queue.schedule("new.kind", {"n": 1}, task_id="t1")
-    due = time.time()
     with run_worker(worker):
         wait_for(lambda: queue.stats().dead == 1, timeout=10)
         buried_after = time.time() - due
@@ -105,8 +105,8 @@ def test_after_the_grace_it_is_dead_with_the_reason(queue: Queue, run_worker: An
 def test_the_grace_counts_from_when_the_task_fell_due_not_from_a_workers_start(
     queue: Queue, run_worker: Any
 ) -> None:
+    due = time.time()  # (taken before: the server's due time is no earlier)
     queue.schedule("new.kind", {"n": 1}, task_id="t1")
-    due = time.time()
     with run_worker(known(queue, unknown_kind_grace=3, max_wait=0.1)):
         wait_for(lambda: handed_back(queue) >= 2, timeout=10)
     time.sleep(max(0.0, due + 1.5 - time.time()))
