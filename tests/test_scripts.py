@@ -1059,6 +1059,21 @@ def since(ms: int) -> str:
             ),
         ),
         Case(
+            "a due time before 1970 (another program's) is long due: buried at once",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=1, t=7, d=-5_000)}),
+            handback_op(("a", 7, "no handler")),
+            [("a", 2, NOW)],
+            S(
+                dead={"a": NOW},
+                tasks={"a": T(a=0, t=7, d=-5_000)},
+                errors={
+                    "a": f"no handler; handed back for {NOW // 1000} s since it fell due, and "
+                    "unknown_kind_grace is 60 s"
+                },
+                stats={"dead": 1},
+            ),
+        ),
+        Case(
             "a wrong token is refused, nothing changes",
             ACTIVE,
             handback_op(("a", 8, "no handler")),

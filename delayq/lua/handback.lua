@@ -48,8 +48,11 @@ for j, id in ipairs(ids) do
     local t, a, d = dq_attempt(K, id)
     local last = redis.call('HGET', K.errors, id)
     local since = last and tonumber(string.match(last, '^unknown kind since (%d+): '))
-    if not since then since = math.floor(d or now) end
-    waited = math.max(now - since, 0)
+    if not since then since = d or now end
+    -- Another program's due time may be anything: NaN or before 1970 is long due.
+    if since ~= since or since < 0 then since = 0 end
+    since = math.floor(math.min(since, now))
+    waited = now - since
     -- Not an attempt either way: no handler ran.
     redis.call('HSET', K.attempts, id, dq_attempt_text(t, math.max(a - 1, 0), d and dq_ms(d) or ''))
     if waited >= grace then
