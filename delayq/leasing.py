@@ -324,6 +324,40 @@ def release(
     )
 
 
+HANDED_BACK, BURIED = 1, 2  # handback's statuses (0: refused, the lease was lost)
+_HANDBACK = SCRIPTS["handback"].reply
+_HANDBACK.require_row("id", "status", "waited")
+
+
+def handback(
+    core: QueueCore,
+    items: Sequence[tuple[str, int, str]],
+    *,
+    grace_ms: int,
+    first_ms: int,
+    most_ms: int,
+    now_ms: int | None = None,
+) -> Op[list[tuple[str, int, int]]]:
+    """Tasks of a kind the worker has no handler for: handed back without counting the
+    attempt until ``grace_ms`` has passed since they fell due, then buried. items: (id,
+    token, reason); parses to (id, status, ms waited since it fell due) per task (status: 0
+    refused, or
+    :data:`HANDED_BACK`, :data:`BURIED`)."""
+    rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
+    args: dict[str, Arg] = {
+        "now": core.now_arg(now_ms),
+        "channel": core.keys.wake_channel,
+        "grace_ms": grace_ms,
+        "first_ms": first_ms,
+        "most_ms": most_ms,
+    }
+    return core.op("handback", args, rest, _handback_rows)
+
+
+def _handback_rows(r: Any) -> list[tuple[str, int, int]]:
+    return [(_text(i), int(s), int(waited)) for i, s, waited in _HANDBACK.rows(r)]
+
+
 def extend(
     core: QueueCore,
     leases: Sequence[Lease],

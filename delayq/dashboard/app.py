@@ -176,6 +176,10 @@ class Dashboard:
             past = "1h"
         outcomes, lateness, whole = history_charts(self.admin.history(q.name), past)
         upcoming = self.admin.tasks(q.name, "scheduled", 0, 10)
+        # Kinds no live worker has a handler for: workers hand their tasks back until their
+        # unknown_kind_grace ends, then bury them (docs/concepts.md).
+        handled = {k for w in ov.live_workers for k in w.kinds}
+        unhandled = sorted({t.kind for t in upcoming} - handled) if ov.live_workers else []
         return self.render(
             request,
             "queue.html",
@@ -195,6 +199,8 @@ class Dashboard:
             lateness=lateness,
             whole=whole,
             upcoming=upcoming,
+            unhandled=unhandled,
+            handed_back=ov.stats.counters.get("unknown_kind", 0),
         )
 
     def api_history(self, request: Request) -> JSONResponse:

@@ -50,6 +50,7 @@ _OUTCOMES: dict[str, RanOutcome] = {
     "retry": "retry",
     "bury": "dead",
     "release": "deferred",  # handed back without using an attempt (Defer: a re-armed key)
+    "handback": "deferred",  # no handler for its kind: handed back (or buried, its grace over)
 }
 OUTCOME_EXCEPTIONS = (Retry, Discard, Fail, Defer)
 BATCH = 100  # tasks claimed at a time, all due by the virtual now
@@ -281,8 +282,10 @@ class _Drain:
         if claimed.header.kind == EXPIRE_KIND:
             await self._expire_key(core, runner, claimed)
         outcome: Outcome = await executor.run(claimed, lambda task: None)
-        refused = await runner.run(outcome_op(core, outcome.action, [outcome]))
+        refused = await runner.run(outcome_op(core, outcome.action, [outcome], executor.unknown))
         ran: RanOutcome = _OUTCOMES[outcome.action]
+        if outcome.action == "handback" and outcome.id in executor.unknown.buried:
+            ran = "dead"  # its unknown_kind_grace was over
         if refused:  # its lease ended: a handler moved the clock by more than LEASE_MS
             log.warning("the outcome of %s was refused: its lease was lost", claimed.id)
             ran = "lost"

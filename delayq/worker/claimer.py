@@ -29,6 +29,7 @@ from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.worker import unreadable
 from delayq.worker.clock import ServerClock
+from delayq.worker.health import Health
 from delayq.worker.lane import Lane
 from delayq.worker.runs import Runs
 from delayq.worker.waker import Waker
@@ -133,6 +134,7 @@ class Claimer:
         lease_ms: int,
         lookahead_s: float,
         max_wait_s: float,
+        health: Health | None = None,
     ) -> None:
         self.lanes = lanes
         self.sources = sources_of(lanes, lookahead_s)
@@ -146,6 +148,7 @@ class Claimer:
         self.lease_ms = lease_ms
         self.lookahead_s = lookahead_s
         self.max_wait_s = max_wait_s
+        self.health = health or Health(max_wait_s)  # told of each pass (/livez, /readyz)
 
     def to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
@@ -158,9 +161,11 @@ class Claimer:
         # Which source goes first: rotates, so no shard's or queue's backlog starves another.
         turn = 0
         was_full = False  # the announcements heard while full were set aside unread
+        health = self.health
         while not stopping.is_set():
             free = runs.room()
             if free <= 0:
+                health.full()
                 # Full: announcements do not matter until a handler finishes and pokes. Any
                 # poke so far is answered: we looked, and we are full (and not stopping).
                 waker.reset()
@@ -204,6 +209,7 @@ class Claimer:
                 try:
                     s.next_at, got, again = await self._claim_from(s, limit, batches)
                 except DelayqError as e:
+                    health.failed(e)
                     where = self._where(s)
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, s.backoff)
                     s.resting_until = loop.time() + s.backoff
@@ -211,6 +217,7 @@ class Claimer:
                     s.lead = self.lookahead_s
                     s.backoff = min(s.backoff * 2, MAX_BACKOFF_S)
                     continue
+                health.looked()
                 s.backoff = FIRST_BACKOFF_S
                 s.lead = streaming_lead if got else self.lookahead_s
                 if lone and got and not s.lane.caps:

@@ -3,7 +3,9 @@ to the Finisher, which writes it.
 
 Outcomes: return -> done; ``Discard`` -> done, not retried; ``Fail`` -> dead now; ``Retry``
 -> again after its delay; any other exception -> again after the handler's backoff, or dead
-with the traceback once the attempts are spent. Every attempt is counted.
+with the traceback once the attempts are spent. Every attempt is counted. A task of a kind
+with no handler here is handed back, its attempt not counted, until ``unknown_kind_grace``
+has passed (``unknown.py``).
 
 The handler runs through the worker's middleware (``WorkerContext.invoke``); with none, an
 async handler without a timeout is awaited directly. Logs: a failed attempt that will be
@@ -31,6 +33,7 @@ from delayq.worker.context import ATTEMPT, ThreadOwner, WorkerContext
 from delayq.worker.events import EventName, TaskEvent
 from delayq.worker.outcome import Outcome
 from delayq.worker.registry import Handler
+from delayq.worker.unknown import DEFAULT_GRACE_S, UnknownKinds
 
 log = logging.getLogger("delayq.worker")
 
@@ -79,7 +82,7 @@ def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
 
 
 class Executor:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, unknown_kind_grace_s: float = DEFAULT_GRACE_S) -> None:
         self.registry = ctx.registry
         self.queue = ctx.core.name
         self.codecs = ctx.core.codecs
@@ -93,6 +96,8 @@ class Executor:
         # raise_errors); None in a serving worker.
         self.on_failure: Callable[[Task, BaseException], None] | None = None
         self._hooks: set[asyncio.Task[None]] = set()  # on_dead hooks of buried_unread
+        # Tasks of kinds with no handler here: handed back, then buried (unknown.py).
+        self.unknown = UnknownKinds(unknown_kind_grace_s, self.buried_unread)
 
     def emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
         """Tell the listeners (metrics, logs) what became of an attempt of ``claimed``."""
@@ -160,14 +165,12 @@ class Executor:
             except Exception:
                 log.exception("on_dead hook %r failed", hook)
 
-    def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str:
-        """The task and its handler, or the reason it can never run here (it will be buried)."""
+    def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str | None:
+        """The task and its handler, the reason it can never run (it will be buried), or
+        None: its kind has no handler here (it will be handed back)."""
         handler = self.registry.get(claimed.header.kind)
         if handler is None:
-            return (
-                f"no handler for kind {claimed.header.kind!r} on this worker "
-                f"(registered: {', '.join(self.registry.kinds()) or 'none'})"
-            )
+            return None
         try:
             task = build_task(claimed, self.queue, self.codecs)
         except RecordError as e:
@@ -200,6 +203,8 @@ class Executor:
         ``owner`` is told of a handler thread that outlives its call (see
         :data:`~delayq.worker.context.ATTEMPT`), the run that holds its slot."""
         prepared = self.prepare(claimed)
+        if prepared is None:
+            return self._hand_back(claimed)
         if isinstance(prepared, str):
             return await self._bury(None, claimed, prepared)
         task, handler = prepared
@@ -242,6 +247,13 @@ class Executor:
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
         return Outcome("ack", task.id, task.token, "", "", claimed.shard, late)
+
+    def _hand_back(self, claimed: Claimed) -> Outcome:
+        """A kind with no handler here: handed back (or, its grace over, buried: the write
+        says which, and ``unknown`` tells ``buried_unread`` of it)."""
+        reason = self.unknown.met(claimed, self.queue, self.registry.kinds())
+        self.emit("unknown_kind", claimed)
+        return Outcome("handback", claimed.id, claimed.token, "", reason, claimed.shard)
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""

@@ -22,6 +22,9 @@ decorator on the Worker that adds it to a lane.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -254,3 +257,23 @@ class WorkerHook:
 
     def __repr__(self) -> str:
         return repr(self.fn)
+
+
+def registration_text(
+    concurrency: int, in_flight: int, kinds: list[str], started: float, beat: float
+) -> str:
+    """What a worker publishes about itself on every claim and heartbeat (JSON): its
+    registrations arrive at least every ``beat`` s (never under REGISTER_EVERY_S); three
+    missed ones mean it is dead."""
+    return json.dumps(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": concurrency,
+            "in_flight": in_flight,
+            "kinds": kinds,
+            "started": round(started, 3),
+            "beat": round(max(REGISTER_EVERY_S, beat), 3),
+        },
+        separators=(",", ":"),
+    )
