@@ -6,25 +6,31 @@ Outcomes: return -> done; ``Discard`` -> done, not retried; ``Fail`` -> dead now
 with the traceback once the attempts are spent. Every attempt is counted.
 
 The handler runs through the worker's middleware (``WorkerContext.invoke``); with none, an
-async handler without a timeout is awaited directly. Logs: a failed attempt that will be
-retried is one WARNING record, the attempt that leaves a task dead one ERROR record, each
-with the exception (``exc_info``: its traceback) and the ``task_id``, ``kind``, ``attempt``
-and ``queue`` as extra fields (:func:`log_fields`).
+async handler without a timeout is awaited directly. Logs: a finished attempt is one DEBUG
+record (``FINISHED``, with its ``duration`` and ``lateness``), a failed attempt that will be
+retried one WARNING record, the attempt that leaves a task dead one ERROR record, each with
+the exception (``exc_info``: its traceback from the handler's frame on, as the stored
+``last_error``) and the ``task_id``, ``kind``, ``attempt`` and ``queue`` as extra fields
+(:func:`log_fields`). While the handler runs, ``delayq.logs.CURRENT`` holds its task, so
+whatever it logs names the task too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from delayq.backoff import delay_for
 from delayq.codec import Codec, RecordError, decode_headers, decode_payload
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
+from delayq.logs import CURRENT
 from delayq.task import Task
 from delayq.timing import seconds
 from delayq.worker.context import ATTEMPT, ThreadOwner, WorkerContext
@@ -33,6 +39,30 @@ from delayq.worker.outcome import Outcome
 from delayq.worker.registry import Handler
 
 log = logging.getLogger("delayq.worker")
+
+# A finished attempt's line. DEBUG, not INFO: ``delayq worker`` logs at INFO by default, and
+# a line per task there costs the worker more than the rest of a short task's run does
+# (docs/observability.md has the figures); a failure is logged at WARNING or ERROR anyway.
+FINISHED = logging.DEBUG
+
+# Where the frames a traceback starts with are the worker's, not the handler's: the executor,
+# the context's invoke and call, the middleware's layers, the handler threads, the features'
+# internal handlers, and asyncio's waits between them.
+_INTERNAL = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
+)
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def from_handler(e: BaseException) -> ExcInfo:
+    """``e`` as ``exc_info`` whose traceback starts at the first frame that is not the
+    worker's (the handler's, or a middleware's of the user's): the frames before it say
+    nothing about the failure. None for an exception the worker raised itself (a timeout)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+        tb = tb.tb_next
+    return type(e), e, tb
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
@@ -108,7 +138,7 @@ class Executor:
         duration: float | None = None,
         *,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
     ) -> Outcome:
         """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
         and ``exc``, the exception that killed it, with its traceback."""
@@ -122,7 +152,7 @@ class Executor:
         reason: str,
         duration: float | None = None,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
     ) -> None:
         first = reason.splitlines()[0] if reason else ""
         self.emit("dead", claimed, duration=duration, error=first)
@@ -196,31 +226,55 @@ class Executor:
             # It may call a thread (a sync handler; an internal one calling the user's
             # function): set in this attempt's own context (a copy per run), no other's.
             ATTEMPT.set(owner)
-        t0 = time.perf_counter()
-        if self.events.listeners:
-            self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+        reset = CURRENT.set(task)  # what the handler logs names its task (delayq/logs.py)
         try:
-            if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
-                await handler.fn(task)  # the usual case, one coroutine frame fewer
-            elif handler.internal:  # cron, expiry: they invoke the user's function themselves
-                await self.call(handler, task)
-            else:
-                await self.invoke(handler, task)
-        except asyncio.CancelledError as e:
-            if _cancelled_by_us():
-                self._stopped(claimed, task, time.perf_counter() - t0)
-                raise
-            # The handler raised it itself (nobody cancelled the task it runs in): a failed
-            # attempt like any other, or it would be handed back and run again forever.
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
-        except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
-            if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
-                self.emit("aborted", claimed, duration=time.perf_counter() - t0)
-                raise asyncio.CancelledError(f"task {task.id} was aborted") from None
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
-        if self.events.listeners:
-            self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard)
+            t0 = time.perf_counter()
+            if self.events.listeners:
+                self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+            try:
+                if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
+                    await handler.fn(task)  # the usual case, one coroutine frame fewer
+                elif handler.internal:  # cron, expiry: they invoke the user's function themselves
+                    await self.call(handler, task)
+                else:
+                    await self.invoke(handler, task)
+            except asyncio.CancelledError as e:
+                if _cancelled_by_us():
+                    self._stopped(claimed, task, time.perf_counter() - t0)
+                    raise
+                # The handler raised it itself (nobody cancelled the task it runs in): a failed
+                # attempt like any other, or it would be handed back and run again forever.
+                return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+            except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
+                if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
+                    self.emit("aborted", claimed, duration=time.perf_counter() - t0)
+                    raise asyncio.CancelledError(f"task {task.id} was aborted") from None
+                return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+            if self.events.listeners:
+                self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
+            if log.isEnabledFor(FINISHED):
+                self._finished(claimed, task, time.perf_counter() - t0)
+            return Outcome("ack", task.id, task.token, "", "", claimed.shard)
+        finally:
+            CURRENT.reset(reset)  # (drain() runs attempts one after another in one context)
+
+    def _finished(self, claimed: Claimed, task: Task, took: float) -> None:
+        """The finished attempt's line (``FINISHED``): how long its handler ran and how late
+        it started after its due time (on this machine's clock)."""
+        due_ms = claimed.header.due_ms
+        late = None if not due_ms else round(time.time() - took - due_ms / 1000, 6)
+        fields = log_fields(task.id, task.kind, task.attempt, self.queue)
+        fields["duration"], fields["lateness"] = round(took, 6), late
+        log.log(
+            FINISHED,
+            "task %s (%s) attempt %d succeeded in %.3f s%s",
+            task.id,
+            task.kind,
+            task.attempt,
+            took,
+            "" if late is None else f", started {late:.3f} s after its due time",
+            extra=fields,
+        )
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -244,7 +298,8 @@ class Executor:
             self.emit("discarded", claimed, duration=duration)
             return Outcome("discard", task.id, task.token, "", "", claimed.shard)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
-        text = "".join(traceback.format_exception(e)) if unexpected else v.error
+        exc = from_handler(e)
+        text = "".join(traceback.format_exception(*exc)) if unexpected else v.error
         if v.failed:
             self.emit("failed", claimed, duration=duration, error=v.error)
         if v.outcome == "dead":
@@ -253,7 +308,7 @@ class Executor:
             if reason is None:
                 reason = f"{attempts} failed:\n{text}"
             summary = f"{attempts} failed: {v.error}" if unexpected else reason
-            return await self._bury(task, claimed, reason, duration, summary=summary, exc=e)
+            return await self._bury(task, claimed, reason, duration, summary=summary, exc=exc)
         if unexpected:
             log.warning(
                 "task %s (%s) attempt %d of %d failed, will retry: %s",
@@ -262,7 +317,7 @@ class Executor:
                 task.attempt,
                 task.max_attempts,
                 v.error,
-                exc_info=e,
+                exc_info=exc,
                 extra=fields,
             )
         self.emit("retried", claimed, duration=duration)
