@@ -50,7 +50,8 @@ REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
 SEEK_STATES = ("scheduled", "active", "done", "dead", "aborted")
-# Each abort forgets up to this many aborted records whose dedupe window has passed.
+# Each abort forgets up to this many aborted records whose dedupe window has passed, and
+# each cancel as many tombstones.
 ABORT_TRIM = 100
 
 
@@ -347,8 +348,16 @@ class QueueCore:
         args: list[Arg] = [now, self.keys.wake_channel, task_id, due, record]
         return Op(_NEW, list(keys), args, functools.partial(Scheduled.of_code, task_id))
 
-    def cancel(self, task_id: str) -> Op[bool]:
-        return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)
+    def cancel(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
+        """Remove a waiting task, leaving a tombstone for the dedupe window (cancel.lua);
+        parses to True if it was waiting."""
+        args: dict[str, Arg] = {
+            "id": validate_task_id(task_id),
+            "now": self.now_arg(now_ms),
+            "dedupe_ms": self.dedupe_ms,
+            "trim_limit": ABORT_TRIM,
+        }
+        return self.op("cancel", args, [], lambda r: int(r) == 1)
 
     def abort(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
         """End a waiting or running task for good (abort.lua); parses to True if it was

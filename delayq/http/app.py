@@ -518,6 +518,10 @@ def _no_key(key: str, q: AsyncQueue) -> Problem:
     )
 
 
+# How a task that is not waiting can be scheduled again, by its state (else: replace=true).
+_again = {"active": "", "cancelled": "; schedule it again (its id is free)"}
+
+
 async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
     """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting."""
     info = await q.get(tid)
@@ -526,7 +530,7 @@ async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
     return Problem(
         "conflict",
         f"task {tid!r} is {info.state}: only a waiting task can be {what}"
-        + ("; schedule it again with replace=true" if info.state != "active" else ""),
+        + _again.get(info.state, "; schedule it again with replace=true"),
         state=info.state,
     )
 
