@@ -47,9 +47,12 @@ FINISHED = logging.DEBUG
 
 # Where the frames a traceback starts with are the worker's, not the handler's: the executor,
 # the context's invoke and call, the middleware's layers, the handler threads, the features'
-# internal handlers, and asyncio's waits between them.
+# internal handlers, delayq's own middleware (contrib/: OpenTelemetry's), and asyncio's waits
+# between them.
+_WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    _WORKER_DIR + os.sep,
+    os.path.join(os.path.dirname(_WORKER_DIR), "contrib") + os.sep,
     os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
 )
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
