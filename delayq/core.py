@@ -50,7 +50,7 @@ REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
 SEEK_STATES = ("scheduled", "active", "done", "dead", "aborted")
-# Each abort forgets up to this many aborted records whose dedupe window has passed.
+# Each abort (cancel) forgets up to this many aborted records (tombstones) past the window.
 ABORT_TRIM = 100
 
 
@@ -378,8 +378,11 @@ class QueueCore:
 
         return Op(_NEW, list(keys), args, parse)
 
-    def cancel(self, task_id: str) -> Op[bool]:
-        return self.op("cancel", {"id": validate_task_id(task_id)}, [], lambda r: int(r) == 1)
+    def cancel(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
+        """Remove a waiting task, leaving a tombstone for the dedupe window (True: it was)."""
+        args: dict[str, Arg] = {"id": validate_task_id(task_id), "now": self.now_arg(now_ms)}
+        args["dedupe_ms"], args["trim_limit"] = self.dedupe_ms, ABORT_TRIM
+        return self.op("cancel", args, [], lambda r: int(r) == 1)
 
     def abort(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
         """End a waiting or running task for good (abort.lua); parses to True if it was

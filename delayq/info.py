@@ -39,6 +39,20 @@ def task_info(
     state); an undecodable record still shows."""
     last_error = as_str(err) if err else None
     when = ms_to_datetime(score)
+    if state == "cancelled":  # a tombstone: the id and the time of the cancel, no record
+        return TaskInfo(
+            id=task_id,
+            kind="",
+            payload=None,
+            state="cancelled",
+            due_at=None,
+            attempts=0,
+            max_attempts=0,
+            last_error=None,
+            created_at=None,
+            finished_at=when,
+            queue=queue,
+        )
     try:
         header, data = split_record(record)
     except RecordError as e:

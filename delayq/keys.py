@@ -101,6 +101,11 @@ class QueueKeys:
         "ZSET task id -> time it was aborted (ms; queue.abort); kept for the dedupe window, "
         "forgotten by later aborts. Absent until a task is aborted."
     )
+    cancelled = Key(
+        "ZSET task id -> time it was cancelled (ms; queue.cancel): a tombstone, no record, "
+        "kept for the dedupe window and forgotten by later cancels; dropped when the id is "
+        "scheduled again. Absent until a task is cancelled."
+    )
     tasks = Key("HASH task id -> record (JSON header, newline, encoded payload).")
     attempts = Key(
         "HASH task id -> '<token> <attempt> <due>' of its current or last claim; apart from the "

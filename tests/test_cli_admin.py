@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,10 +76,14 @@ def test_schedule_with_a_human_delay_then_show_cancel(
     assert text.exit_code == 0 and "order.close" in text.output and '"order_id": 42' in text.output
 
     assert cli("task", "cancel", tid, "-q", queue.name).exit_code == 0
-    assert queue.get(tid) is None
+    gone = queue.get(tid)
+    assert gone is not None and gone.state == "cancelled"  # remembered (issue 32 item 7)
     again = cli("task", "cancel", tid, "-q", queue.name)
-    assert again.exit_code == 1 and "no task" in again.output
-    missing = cli("task", "show", tid, "-q", queue.name)
+    assert again.exit_code == 1 and "is cancelled: only a waiting task" in again.output
+    shown = cli("task", "show", tid, "-q", queue.name)
+    assert shown.exit_code == 0 and re.search(r"state  cancelled\n", shown.output), shown.output
+    assert re.search(r"cancelled  \d{4}-\d\d-\d\dT[\d:.]+\+00:00 \(", shown.output)
+    missing = cli("task", "show", "never-" + tid, "-q", queue.name)
     assert missing.exit_code == 1 and "no task" in missing.output
 
 

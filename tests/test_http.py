@@ -378,12 +378,23 @@ async def test_a_msgpack_payload_json_cannot_hold_is_shown_as_text(
     assert r.json()["payload"] == {"raw": repr(b"\x00\x01"), "x": "nan"}
 
 
-async def test_cancel_204_then_404(client: httpx.AsyncClient, qname: str, sq: Queue) -> None:
+async def test_cancel_204_then_shown_cancelled_then_409(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
     sq.schedule("k", task_id="c1", delay=60)
+    before = sq.stats().now
     r = await client.delete(f"/v1/queues/{qname}/tasks/c1")
     assert r.status_code == 204 and r.content == b""
-    assert sq.get("c1") is None
-    problem(await client.delete(f"/v1/queues/{qname}/tasks/c1"), 404, "not-found")
+    # Remembered for the dedupe window (issue 32 item 7): GET shows when it was cancelled.
+    r = await client.get(f"/v1/queues/{qname}/tasks/c1")
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert (doc["state"], doc["kind"], doc["payload"]) == ("cancelled", "", None)
+    at = datetime.fromisoformat(doc["finished_at"])
+    assert before <= at <= sq.stats().now
+    doc = problem(await client.delete(f"/v1/queues/{qname}/tasks/c1"), 409, "conflict")
+    assert doc["state"] == "cancelled" and "its id is free" in doc["detail"]
+    problem(await client.delete(f"/v1/queues/{qname}/tasks/c0"), 404, "not-found")
 
 
 async def test_cancel_and_reschedule_409_when_running_or_finished(
@@ -535,7 +546,7 @@ async def test_a_sharded_queue_is_opened_with_its_stored_count(
         assert q4.stats().scheduled == 40 and len(ids) == 20
         assert (await client.get(f"/v1/queues/{qname}")).json()["scheduled"] == 40
         assert (await client.delete(f"/v1/queues/{qname}/tasks/u3")).status_code == 204
-        assert q4.get("u3") is None
+        assert (gone := q4.get("u3")) is not None and gone.state == "cancelled"
 
 
 # -- expiring keys -----------------------------------------------------------------------------

@@ -466,3 +466,43 @@ def test_node_takes_a_stored_limit_above_the_default_on_its_first_call(
         """,
     )
     assert out == "created"
+
+
+def test_node_get_answers_cancelled_with_its_time_as_python_does(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    """A cancel (Node's or Python's) is remembered for the dedupe window: Node's get answers
+    state 'cancelled' and when (issue 32 item 7), and the id is free to schedule again."""
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        await q.schedule('k', {{ n: 1 }}, {{ taskId: 'a', delay: 60 }});
+        const before = Date.now();
+        const cancelled = await q.cancel('a');
+        const info = await q.get('a');
+        const again = await q.schedule('k', {{ n: 2 }}, {{ taskId: 'a', delay: 60 }});
+        const live = await q.get('a');
+        await q.close();
+        return {{ cancelled, info, before, again: again.status, live }};
+        """,
+    )
+    assert out["cancelled"] is True
+    info = out["info"]
+    assert (info["state"], info["kind"], info["payload"]) == ("cancelled", "", None)
+    finished = datetime.fromisoformat(info["finishedAt"].replace("Z", "+00:00")).timestamp()
+    assert abs(finished * 1000 - out["before"]) < 5000
+    assert out["again"] == "created" and out["live"]["state"] == "scheduled"
+    assert out["live"]["payload"] == {"n": 2}
+    with Queue(qname, url=server.url) as q:
+        assert (i := q.get("a")) is not None and i.state == "scheduled"
+        q.schedule("k", task_id="b", delay=60)
+        assert q.cancel("b")
+    python_cancel = run_node(
+        node,
+        server.url,
+        f"const q = new delayq.Queue({json.dumps(qname)}); const i = await q.get('b');"
+        " await q.close(); return i;",
+    )
+    assert python_cancel["state"] == "cancelled" and python_cancel["finishedAt"]

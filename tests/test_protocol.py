@@ -429,9 +429,15 @@ def test_a_cancelled_id_can_be_scheduled_again_at_once(server: EmbeddedServer, q
     try:
         assert _schedule(r, qname, [("a", "+60000", _record("k", "1"))], False) == [1]
         first = float(r.zscore(QueueKeys(qname).scheduled, "a") or 0)
-        assert _run(r, "cancel", qname, {"id": "a"}, []) == 1
-        assert _run(r, "get", qname, {"id": "a"}, []) is None  # forgotten, record and all
+        args = {"id": "a", "now": "", "dedupe_ms": 60_000, "trim_limit": 100}
+        assert _run(r, "cancel", qname, args, []) == 1
+        # Forgotten, record and all; a tombstone says when it was cancelled (protocol 1.1).
+        state, at, record, error, attempt = _run(r, "get", qname, {"id": "a"}, [])
+        assert (state, record, error, attempt) == (b"cancelled", b"", None, None)
+        assert float(at) >= first - 60_000
+        assert not r.hexists(QueueKeys(qname).tasks, "a")
         assert _schedule(r, qname, [("a", "+120000", _record("k", "2"))], False) == [1]
+        assert r.zscore(QueueKeys(qname).cancelled, "a") is None  # the tombstone goes
         state, score, record, _, _ = _run(r, "get", qname, {"id": "a"}, [])
         assert (state, record) == (b"scheduled", _record("k", "2").encode())
         assert float(score) >= first + 59000  # the new call's due time

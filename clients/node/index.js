@@ -37,6 +37,7 @@ const DEFAULT_DEDUPE_WINDOW = 86400; // seconds
 const MAX_DELAY_S = 10 * 365 * 24 * 3600;
 const MAX_AT_S = 253402300799; // 9999-12-31T23:59:59Z
 const SCHEDULE_BATCH = 1000; // tasks per script call
+const TRIM_LIMIT = 100; // tombstones of past cancels a cancel forgets at most (delayq's ABORT_TRIM)
 const HOME_ID_PREFIXES = ['cron:', 'x:']; // ids that stay on shard 0
 const STATUS = { 0: 'unchanged', 1: 'created', 2: 'replaced', 3: 'running' };
 
@@ -625,12 +626,16 @@ class Queue {
     return result;
   }
 
-  /** Remove a waiting task; true if it was still waiting. */
+  /**
+   * Remove a waiting task; true if it was still waiting. It is remembered as cancelled for
+   * the dedupe window (get answers state 'cancelled'); the id may be scheduled again at once.
+   */
   async cancel(taskId) {
     validateTaskId(taskId);
     await this.check(false);
     const tag = this.tag(shardOf(taskId, this.n));
-    return Number(await this.call('cancel', tag, { id: taskId })) === 1;
+    const args = { id: taskId, now: '', dedupe_ms: this.dedupeMs, trim_limit: TRIM_LIMIT };
+    return Number(await this.call('cancel', tag, args)) === 1;
   }
 
   /** Move a waiting task to a new due time ({delay} or {at}); true if it was waiting. */
@@ -651,6 +656,23 @@ class Queue {
     if (!reply) return null;
     const [state, score, record, error, attempt] = reply;
     const when = Number(score);
+    if (state === 'cancelled') {
+      // Only a tombstone is left: the id and when it was cancelled, as Python's get says.
+      return {
+        id: taskId,
+        kind: '',
+        payload: null,
+        state,
+        dueAt: null,
+        attempts: 0,
+        maxAttempts: 0,
+        lastError: null,
+        createdAt: null,
+        leaseDeadline: null,
+        finishedAt: msToDate(when),
+        headers: {},
+      };
+    }
     const nl = record.indexOf('\n');
     let header = null;
     try {

@@ -334,7 +334,7 @@ def _show(info: TaskInfo, now: datetime) -> None:
         ("id", info.id),
         ("queue", info.queue),
         ("state", info.state),
-        ("kind", info.kind),
+        ("kind", info.kind or "-"),
         (
             "attempts",
             f"{info.attempts}" + (f" of {info.max_attempts}" if info.max_attempts else ""),
@@ -353,7 +353,9 @@ def _show(info: TaskInfo, now: datetime) -> None:
             )
         )
     if info.finished_at:
-        label = {"dead": "died", "aborted": "aborted"}.get(info.state, "finished")
+        label = {"dead": "died", "aborted": "aborted", "cancelled": "cancelled"}.get(
+            info.state, "finished"
+        )
         rows.append((label, f"{info.finished_at.isoformat()} ({relative(info.finished_at, now)})"))
     for label, value in rows:
         click.echo(f"{label:>12}  {safe(value)}")

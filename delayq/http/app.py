@@ -524,16 +524,15 @@ def _no_key(key: str, q: AsyncQueue) -> Problem:
 
 
 async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
-    """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting."""
+    """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting (and
+    how it can be scheduled again)."""
     info = await q.get(tid)
     if info is None:
         return _no_task(tid, q)
-    return Problem(
-        "conflict",
-        f"task {tid!r} is {info.state}: only a waiting task can be {what}"
-        + ("; schedule it again with replace=true" if info.state != "active" else ""),
-        state=info.state,
-    )
+    again = {"active": "", "cancelled": "; schedule it again (its id is free)"}
+    fix = again.get(info.state, "; schedule it again with replace=true")
+    text = f"task {tid!r} is {info.state}: only a waiting task can be {what}{fix}"
+    return Problem("conflict", text, state=info.state)
 
 
 def _token(token: object) -> Token:

@@ -8,6 +8,7 @@
 -- KEYS[7] stats
 -- KEYS[8] attempts
 -- KEYS[9] aborted
+-- KEYS[10] cancelled
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
 -- ARGV[3] replace    "1": move a waiting task (its attempts so far kept), re-create a done,
@@ -140,9 +141,12 @@ for i = REST, #ARGV, 3 do
 end
 flush()
 -- A new id has no attempt state, unless a script of an earlier version deleted its record
--- and left the entry (they knew no attempts hash): a new task must not inherit it.
+-- and left the entry (they knew no attempts hash): a new task must not inherit it. Nor the
+-- tombstone of a cancel (a cancelled id has no record, so it is new here).
 for i = 1, nf, 1000 do
-  redis.call('HDEL', K.attempts, unpack(fresh, i, math.min(i + 999, nf)))
+  local last = math.min(i + 999, nf)
+  redis.call('HDEL', K.attempts, unpack(fresh, i, last))
+  if K.cancelled then redis.call('ZREM', K.cancelled, unpack(fresh, i, last)) end
 end
 if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)

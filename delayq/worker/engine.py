@@ -58,12 +58,14 @@ from delayq.worker.execute import Executor
 from delayq.worker.health import Health
 from delayq.worker.heartbeat import Heartbeat
 from delayq.worker.lane import Lane
+from delayq.worker.lifecycle import RUNNING
 from delayq.worker.outcome import Finisher
 from delayq.worker.runs import Runs
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 from delayq.worker.waker import Waker
 
+HAND_BACK_SHOWN = 100  # ids named in the hand-back line (all of them are in its task_ids)
 log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
@@ -382,6 +384,7 @@ class Engine:
         the grace period, hand back the rest, write every result, and unregister."""
         self.runs.release_unstarted()
         await self.runs.wait_running(self.host.grace_s, self.force)
+        self._log_hand_back()
         await self.runs.cancel_running()
         try:
             await asyncio.wait_for(
@@ -398,6 +401,28 @@ class Engine:
             await self.runner.run_many(
                 [leasing.unregister(lane.queue.core, self.host.id) for lane in self.lanes]
             )
+
+    def _log_hand_back(self) -> None:
+        """Say which tasks still run once the grace period is over (or a second signal cut
+        it short): they are cancelled and handed back, to run again elsewhere."""
+        ids = sorted(r.claimed.id for r in self.runs.running if r.state == RUNNING)
+        if not ids:
+            return
+        why = (
+            "second signal"
+            if self.force.is_set()
+            else f"grace period of {self.host.grace_s:g} s over"
+        )
+        shown = ", ".join(ids[:HAND_BACK_SHOWN])
+        more = f" and {len(ids) - HAND_BACK_SHOWN} more" if len(ids) > HAND_BACK_SHOWN else ""
+        log.warning(
+            "%s: handing back %d task(s) still running, to run again: %s%s",
+            why,
+            len(ids),
+            shown,
+            more,
+            extra={"task_ids": ids},
+        )
 
     async def close(self) -> None:
         """The alarm, the handler threads and the connection (the worker's own)."""

@@ -8,25 +8,31 @@ with no handler here is handed back, its attempt not counted, until ``unknown_ki
 has passed (``unknown.py``).
 
 The handler runs through the worker's middleware (``WorkerContext.invoke``); with none, an
-async handler without a timeout is awaited directly. Logs: a failed attempt that will be
-retried is one WARNING record, the attempt that leaves a task dead one ERROR record, each
-with the exception (``exc_info``: its traceback) and the ``task_id``, ``kind``, ``attempt``
-and ``queue`` as extra fields (:func:`log_fields`).
+async handler without a timeout is awaited directly. Logs: a finished attempt is one DEBUG
+record (``FINISHED``, with its ``duration`` and ``lateness``), a failed attempt that will be
+retried one WARNING record, the attempt that leaves a task dead one ERROR record, each with
+the exception (``exc_info``: its traceback from the handler's frame on, as the stored
+``last_error``) and the ``task_id``, ``kind``, ``attempt`` and ``queue`` as extra fields
+(:func:`log_fields`). While the handler runs, ``delayq.logs.CURRENT`` holds its task, so
+whatever it logs names the task too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from delayq.backoff import delay_for
 from delayq.codec import Codec, RecordError, decode_headers, decode_payload
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
+from delayq.logs import CURRENT
 from delayq.task import Task
 from delayq.timing import seconds
 from delayq.worker.context import ATTEMPT, ThreadOwner, WorkerContext
@@ -36,6 +42,33 @@ from delayq.worker.registry import Handler
 from delayq.worker.unknown import DEFAULT_GRACE_S, UnknownKinds
 
 log = logging.getLogger("delayq.worker")
+
+# A finished attempt's line. DEBUG, not INFO: ``delayq worker`` logs at INFO by default, and
+# a line per task there costs the worker more than the rest of a short task's run does
+# (docs/observability.md has the figures); a failure is logged at WARNING or ERROR anyway.
+FINISHED = logging.DEBUG
+
+# Where the frames a traceback starts with are the worker's, not the handler's: the executor,
+# the context's invoke and call, the middleware's layers, the handler threads, the features'
+# internal handlers, delayq's own middleware (contrib/: OpenTelemetry's), and asyncio's waits
+# between them.
+_WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL = (
+    _WORKER_DIR + os.sep,
+    os.path.join(os.path.dirname(_WORKER_DIR), "contrib") + os.sep,
+    os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
+)
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def from_handler(e: BaseException) -> ExcInfo:
+    """``e`` as ``exc_info`` whose traceback starts at the first frame that is not the
+    worker's (the handler's, or a middleware's of the user's): the frames before it say
+    nothing about the failure. None for an exception the worker raised itself (a timeout)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+        tb = tb.tb_next
+    return type(e), e, tb
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
@@ -114,7 +147,7 @@ class Executor:
         duration: float | None = None,
         *,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
         late: float = -1.0,
     ) -> Outcome:
         """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
@@ -129,7 +162,7 @@ class Executor:
         reason: str,
         duration: float | None = None,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
     ) -> None:
         first = reason.splitlines()[0] if reason else ""
         self.emit("dead", claimed, duration=duration, error=first)
@@ -213,40 +246,53 @@ class Executor:
             # It may call a thread (a sync handler; an internal one calling the user's
             # function): set in this attempt's own context (a copy per run), no other's.
             ATTEMPT.set(owner)
-        t0 = time.perf_counter()
-        # Its start's lateness, on the clock its due time is on (for the dashboard's
-        # history, and the metric); a task claimed with no due time counts none.
-        virtual = self.virtual
-        due_ms = claimed.header.due_ms
-        late = (
-            -1.0
-            if due_ms is None
-            else (time.time() if virtual is None else virtual.now_ms() / 1000) - due_ms / 1000
-        )
-        if self.events.listeners:
-            self.emit("started", claimed, lateness=late)
+        reset = CURRENT.set(task)  # what the handler logs names its task (delayq/logs.py)
         try:
-            if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
-                await handler.fn(task)  # the usual case, one coroutine frame fewer
-            elif handler.internal:  # cron, expiry: they invoke the user's function themselves
-                await self.call(handler, task)
-            else:
-                await self.invoke(handler, task)
-        except asyncio.CancelledError as e:
-            if _cancelled_by_us():
-                self._stopped(claimed, task, time.perf_counter() - t0)
-                raise
-            # The handler raised it itself (nobody cancelled the task it runs in): a failed
-            # attempt like any other, or it would be handed back and run again forever.
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0, late)
-        except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
-            if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
-                self.emit("aborted", claimed, duration=time.perf_counter() - t0)
-                raise asyncio.CancelledError(f"task {task.id} was aborted") from None
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0, late)
-        if self.events.listeners:
-            self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard, late)
+            t0 = time.perf_counter()
+            late = self._lateness(claimed)
+            if self.events.listeners:
+                self.emit("started", claimed, lateness=late)
+            try:
+                if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
+                    await handler.fn(task)  # the usual case, one coroutine frame fewer
+                else:
+                    await self._call(handler, task)
+            except asyncio.CancelledError as e:
+                if _cancelled_by_us():
+                    self._stopped(claimed, task, time.perf_counter() - t0)
+                    raise
+                # The handler raised it itself (nobody cancelled the task it runs in): a failed
+                # attempt like any other, or it would be handed back and run again forever.
+                took = time.perf_counter() - t0
+                return await self._failed(handler, task, claimed, e, took, late)
+            except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
+                if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
+                    self.emit("aborted", claimed, duration=time.perf_counter() - t0)
+                    raise asyncio.CancelledError(f"task {task.id} was aborted") from None
+                took = time.perf_counter() - t0
+                return await self._failed(handler, task, claimed, e, took, late)
+            if self.events.listeners:
+                self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
+            if log.isEnabledFor(FINISHED):
+                self._finished(claimed, task, time.perf_counter() - t0)
+            return Outcome("ack", task.id, task.token, "", "", claimed.shard, late)
+        finally:
+            CURRENT.reset(reset)  # (drain() runs attempts one after another in one context)
+
+    def _lateness(self, claimed: Claimed) -> float:
+        """Its start's lateness (s), on the clock its due time is on (for the dashboard's
+        history, and the metric); -1 for a task claimed with no due time."""
+        due_ms = claimed.header.due_ms
+        if due_ms is None:
+            return -1.0
+        virtual = self.virtual
+        return (time.time() if virtual is None else virtual.now_ms() / 1000) - due_ms / 1000
+
+    async def _call(self, handler: Handler, task: Task) -> None:
+        if handler.internal:  # cron, expiry: they invoke the user's function themselves
+            await self.call(handler, task)
+        else:
+            await self.invoke(handler, task)
 
     def _hand_back(self, claimed: Claimed) -> Outcome:
         """A kind with no handler here: handed back (or, its grace over, buried: the write
@@ -254,6 +300,24 @@ class Executor:
         reason = self.unknown.met(claimed, self.queue, self.registry.kinds())
         self.emit("unknown_kind", claimed)
         return Outcome("handback", claimed.id, claimed.token, "", reason, claimed.shard)
+
+    def _finished(self, claimed: Claimed, task: Task, took: float) -> None:
+        """The finished attempt's line (``FINISHED``): how long its handler ran and how late
+        it started after its due time (on this machine's clock)."""
+        due_ms = claimed.header.due_ms
+        late = None if not due_ms else round(time.time() - took - due_ms / 1000, 6)
+        fields = log_fields(task.id, task.kind, task.attempt, self.queue)
+        fields["duration"], fields["lateness"] = round(took, 6), late
+        log.log(
+            FINISHED,
+            "task %s (%s) attempt %d succeeded in %.3f s%s",
+            task.id,
+            task.kind,
+            task.attempt,
+            took,
+            "" if late is None else f", started {late:.3f} s after its due time",
+            extra=fields,
+        )
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -283,7 +347,8 @@ class Executor:
             self.emit("discarded", claimed, duration=duration)
             return Outcome("discard", task.id, task.token, "", "", claimed.shard, late)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
-        text = "".join(traceback.format_exception(e)) if unexpected else v.error
+        exc = from_handler(e)
+        text = "".join(traceback.format_exception(*exc)) if unexpected else v.error
         if v.failed:
             self.emit("failed", claimed, duration=duration, error=v.error)
         if v.outcome == "dead":
@@ -293,7 +358,7 @@ class Executor:
                 reason = f"{attempts} failed:\n{text}"
             summary = f"{attempts} failed: {v.error}" if unexpected else reason
             return await self._bury(
-                task, claimed, reason, duration, summary=summary, exc=e, late=late
+                task, claimed, reason, duration, summary=summary, exc=exc, late=late
             )
         if unexpected:
             log.warning(
@@ -303,7 +368,7 @@ class Executor:
                 task.attempt,
                 task.max_attempts,
                 v.error,
-                exc_info=e,
+                exc_info=exc,
                 extra=fields,
             )
         self.emit("retried", claimed, duration=duration)

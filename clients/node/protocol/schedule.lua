@@ -1,4 +1,4 @@
-local K = {scheduled = KEYS[1], active = KEYS[2], dead = KEYS[3], done = KEYS[4], tasks = KEYS[5], errors = KEYS[6], stats = KEYS[7], attempts = KEYS[8], aborted = KEYS[9]}
+local K = {scheduled = KEYS[1], active = KEYS[2], dead = KEYS[3], done = KEYS[4], tasks = KEYS[5], errors = KEYS[6], stats = KEYS[7], attempts = KEYS[8], aborted = KEYS[9], cancelled = KEYS[10]}
 local A = {now = ARGV[1], dedupe_ms = ARGV[2], replace = ARGV[3], channel = ARGV[4], durable = ARGV[5]}
 local REST = 6
 -- schedule: add tasks to the scheduled set; an id already known is left alone unless replaced.
@@ -11,6 +11,7 @@ local REST = 6
 -- KEYS[7] stats
 -- KEYS[8] attempts
 -- KEYS[9] aborted
+-- KEYS[10] cancelled
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms  how long a finished id counts as done
 -- ARGV[3] replace    "1": move a waiting task (its attempts so far kept), re-create a done,
@@ -163,9 +164,12 @@ for i = REST, #ARGV, 3 do
 end
 flush()
 -- A new id has no attempt state, unless a script of an earlier version deleted its record
--- and left the entry (they knew no attempts hash): a new task must not inherit it.
+-- and left the entry (they knew no attempts hash): a new task must not inherit it. Nor the
+-- tombstone of a cancel (a cancelled id has no record, so it is new here).
 for i = 1, nf, 1000 do
-  redis.call('HDEL', K.attempts, unpack(fresh, i, math.min(i + 999, nf)))
+  local last = math.min(i + 999, nf)
+  redis.call('HDEL', K.attempts, unpack(fresh, i, last))
+  if K.cancelled then redis.call('ZREM', K.cancelled, unpack(fresh, i, last)) end
 end
 if created > 0 or A.durable == '1' then redis.call('HINCRBY', K.stats, 'scheduled', created) end
 dq_wake(A.channel, old_head, min_due)
