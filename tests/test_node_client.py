@@ -25,6 +25,7 @@ import redis
 from delayq import ConfigurationError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
+from delayq.protocol.version import PROTOCOL_VERSION
 
 from .support.helpers import wait_for
 
@@ -132,7 +133,7 @@ def test_node_schedules_and_cancels_and_a_python_worker_runs_the_rest_once_on_ti
             "node.job",
             {"i": 999},
         )
-        assert out["version"] == "1.0"
+        assert out["version"] == PROTOCOL_VERSION
         wait_for(lambda: len(ran) >= 800, timeout=60)
         # Past the last due time of a cancelled task, with a margin: none of them runs.
         time.sleep(max(0.0, started + 4.5 - time.time()))
@@ -256,10 +257,10 @@ def test_node_refuses_a_queue_of_a_newer_protocol_major_and_writes_nothing(
         assert (name, stored, ours, is_configuration) == (
             "ProtocolVersionError",
             "2.0",
-            "1.0",
+            PROTOCOL_VERSION,
             True,
         )
-        assert "speaks delayq protocol 2.0; this client speaks 1.0" in message
+        assert f"speaks delayq protocol 2.0; this client speaks {PROTOCOL_VERSION}" in message
     assert _keys(server.url, qname) == before
 
 
