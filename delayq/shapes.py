@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import sys
 import types
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import (
@@ -40,6 +41,11 @@ from delayq.errors import ConfigurationError
 
 Dump = Callable[[Any, str], Any]  # (value, where) -> JSON value
 Load = Callable[[Any, str], Any]  # (JSON value, where) -> value
+Fields = tuple[dict[str, Any], list[str], set[str]]  # annotations, names, required names
+# The dataclasses and TypedDicts met reading a payload type, by the type itself (two
+# classes may share a name: billing.Item and shop.Item), in the order met: their fields,
+# or None while they are being read (met again then, the type contains itself).
+Records = dict[Any, Fields | None]
 
 SCALARS = (str, int, float, bool, type(None), datetime, date, uuid.UUID, Decimal)
 
@@ -87,14 +93,16 @@ def shape_of(tp: Any) -> Shape:
             f"or a msgspec Struct, got {tp!r}; for a payload of any JSON value, schedule a "
             "plain kind (a str) instead"
         )
-    schemas: dict[str, Any] = {}
-    dump, load = _converters(tp, name, schemas)
-    top = _schema(tp, schemas)
+    records: Records = {}
+    dump, load = _converters(tp, name, records)
+    refs = _def_names(records)
+    top = _schema(tp, refs)
+    defs = {refs[t]: _record_schema(t, fields, refs) for t, fields in records.items() if fields}
 
     def schema() -> dict[str, Any]:
         out = dict(top)
-        if schemas:
-            out["$defs"] = dict(schemas)
+        if defs:
+            out["$defs"] = dict(defs)
         return out
 
     def dumps(value: Any) -> Any:
@@ -109,7 +117,7 @@ def shape_of(tp: Any) -> Shape:
 # -- dataclasses and TypedDicts ------------------------------------------------------------
 
 
-def _converters(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Load]:
+def _converters(tp: Any, where: str, records: Records) -> tuple[Dump, Load]:
     """(dump, load) of one annotation; ConfigurationError naming ``where`` otherwise."""
     if tp is Any:
         return _same, _same
@@ -120,17 +128,17 @@ def _converters(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Loa
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum(tp)
     if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
-        return _record(tp, where, schemas)
+        return _record(tp, where, records)
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal and all(type(a) in (str, int, bool) for a in args):
         return _literal(args)
     if origin is list and len(args) == 1:
-        return _list(*_converters(args[0], f"{where}[]", schemas))
+        return _list(*_converters(args[0], f"{where}[]", records))
     if origin is dict and len(args) == 2 and args[0] is str:
-        return _dict(*_converters(args[1], f"{where}[]", schemas))
+        return _dict(*_converters(args[1], f"{where}[]", records))
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         (inner,) = (a for a in args if a is not type(None))
-        return _optional(*_converters(inner, where, schemas))
+        return _optional(*_converters(inner, where, records))
     raise ConfigurationError(
         f"{where}: {tp!r} is not a payload type delayq encodes; use str, int, float, bool, "
         "None, datetime, date, UUID, Decimal, an Enum, Literal[...], list[X], dict[str, X], "
@@ -295,7 +303,7 @@ def _optional(dump_inner: Dump, load_inner: Load) -> tuple[Dump, Load]:
     return dump, load
 
 
-def _fields(tp: Any, where: str) -> tuple[dict[str, Any], list[str], set[str]]:
+def _fields(tp: Any, where: str) -> Fields:
     """A dataclass's or TypedDict's (annotations, field names, required names)."""
     try:
         hints = get_type_hints(tp, include_extras=True)
@@ -329,22 +337,17 @@ def _path(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
-def _record(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Load]:
+def _record(tp: Any, where: str, records: Records) -> tuple[Dump, Load]:
     """A dataclass or TypedDict: an object whose fields are converted one by one."""
     label = tp.__name__
-    if label in schemas and schemas[label] is None:
+    if tp in records and records[tp] is None:
         raise ConfigurationError(
             f"{where or label}: {label} contains itself; a payload type cannot be recursive"
         )
-    schemas[label] = None  # being read: met again inside itself, it is recursive
+    records[tp] = None  # being read: met again inside itself, it is recursive
     hints, names, required = _fields(tp, where or label)
-    inner = {name: _converters(hints[name], _path(where, name), schemas) for name in names}
-    schemas[label] = {
-        "type": "object",
-        "title": label,
-        "properties": {n: _schema(hints[n], schemas) for n in names},
-        "required": [n for n in names if n in required],
-    }
+    inner = {name: _converters(hints[name], _path(where, name), records) for name in names}
+    records[tp] = hints, names, required
     dumps = {name: pair[0] for name, pair in inner.items()}
     loads = {name: pair[1] for name, pair in inner.items()}
     if dataclasses.is_dataclass(tp):
@@ -403,8 +406,44 @@ def _load_record(tp: Any, loads: dict[str, Load], required: set[str]) -> Load:
     return load
 
 
-def _schema(tp: Any, schemas: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of an annotation _converters accepted (refs into ``schemas``)."""
+def _def_names(records: Records) -> dict[Any, str]:
+    """The ``$defs`` name of each record type: its ``__name__``, or, when another type met
+    has that name too, its module and qualified name (``billing.models.Item``), numbered
+    in the order met when even that is shared (``types.Item``, ``types.Item-2``: what
+    ``make_dataclass`` gives). Only the characters OpenAPI allows in a component's name.
+    The same each time the TaskType is made: the order met is the annotations' order."""
+    counts: dict[str, int] = {}
+    for tp in records:
+        counts[tp.__name__] = counts.get(tp.__name__, 0) + 1
+    out: dict[Any, str] = {}
+    taken: set[str] = set()
+    for tp in records:
+        name = tp.__name__
+        if counts[name] > 1:
+            name = f"{tp.__module__}.{tp.__qualname__}"
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name}-{n}"
+        taken.add(unique)
+        out[tp] = unique
+    return out
+
+
+def _record_schema(tp: Any, fields: Fields, refs: Mapping[Any, str]) -> dict[str, Any]:
+    hints, names, required = fields
+    return {
+        "type": "object",
+        "title": tp.__name__,
+        "properties": {n: _schema(hints[n], refs) for n in names},
+        "required": [n for n in names if n in required],
+    }
+
+
+def _schema(tp: Any, refs: Mapping[Any, str]) -> dict[str, Any]:
+    """The JSON Schema of an annotation _converters accepted (``refs``: each record type's
+    name in ``$defs``)."""
     if get_origin(tp) in (typing.Required, typing.NotRequired):
         (tp,) = get_args(tp)
     simple = {
@@ -425,16 +464,16 @@ def _schema(tp: Any, schemas: dict[str, Any]) -> dict[str, Any]:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return {"enum": [m.value for m in tp]}
     if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
-        return {"$ref": f"#/$defs/{tp.__name__}"}
+        return {"$ref": f"#/$defs/{refs[tp]}"}
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
         return {"enum": list(args)}
     if origin is list:
-        return {"type": "array", "items": _schema(args[0], schemas)}
+        return {"type": "array", "items": _schema(args[0], refs)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _schema(args[1], schemas)}
+        return {"type": "object", "additionalProperties": _schema(args[1], refs)}
     (inner,) = (a for a in args if a is not type(None))  # X | None
-    return {"anyOf": [_schema(inner, schemas), {"type": "null"}]}
+    return {"anyOf": [_schema(inner, refs), {"type": "null"}]}
 
 
 # -- pydantic models and msgspec Structs, when their package is already imported -----------

@@ -572,6 +572,47 @@ async def test_the_openapi_document_gives_each_typed_kinds_payload_schema(
     assert not task.is_valid({"kind": "ship", "payload": {**shipment, "lines": [{"qty": 1}]}})
 
 
+class billing:  # a module's stand-in: its Item is billing.Item
+    @dataclass
+    class Item:
+        amount_cents: int
+
+
+class shop:
+    @dataclass
+    class Item:
+        sku: str
+        charge: billing.Item
+
+
+@dataclass
+class Basket:
+    item: shop.Item
+    refund: billing.Item
+
+
+async def test_two_payload_types_of_one_name_get_a_component_each(server: Any) -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    basket = TaskType("basket", Basket)  # refused before: "Item contains itself"
+    app = create_app(server.url, token=TOKEN, task_types=[basket])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api"
+    ) as client:
+        doc = (await client.get("/openapi.json")).json()
+    await app.state.api.aclose()
+    components = doc["components"]["schemas"]
+    for ref in _refs(doc):
+        assert ref.removeprefix("#/components/schemas/") in components, ref
+    task = jsonschema_rs.validator_for(
+        {"$ref": "#/components/schemas/Task", "components": doc["components"]}
+    )
+    good = basket.dump(Basket(shop.Item("a", billing.Item(5)), billing.Item(2)))
+    assert task.is_valid({"kind": "basket", "payload": good})
+    assert not task.is_valid({"kind": "basket", "payload": {**good, "refund": {"sku": "a"}}})
+    bad_item = {"sku": "a", "charge": {"sku": "b"}}
+    assert not task.is_valid({"kind": "basket", "payload": {**good, "item": bad_item}})
+
+
 async def test_the_api_refuses_a_typed_kinds_bad_payload_unwritten(
     typed_api: httpx.AsyncClient, server: Any, qname: str
 ) -> None:
