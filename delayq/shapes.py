@@ -150,6 +150,13 @@ def _same(value: Any, where: str) -> Any:
     return value
 
 
+# A value of a subclass mypy lets stand for a field's type is taken as one, and written as
+# the plain value json.dumps writes for it: a StrEnum member or Django's SafeString for a
+# str, an IntEnum member for an int, freezegun's FakeDatetime for a datetime. Not a bool for
+# an int or a float (JSON tells them apart), nor a datetime for a date (its time would be
+# lost): subclasses too, but not what the field means.
+
+
 def _scalar(tp: type, expected: str) -> tuple[Dump, Load]:
     def check(value: Any, where: str) -> Any:
         if type(value) is tp:
@@ -159,30 +166,52 @@ def _scalar(tp: type, expected: str) -> tuple[Dump, Load]:
     return check, check
 
 
+def _text(value: Any, where: str) -> Any:
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # its text (Django's SafeString's own str() is itself)
+    raise _wrong(where, "a string", value)
+
+
+def _int(value: Any, where: str) -> Any:
+    if type(value) is int:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__int__(value)
+    raise _wrong(where, "an integer", value)
+
+
 def _number() -> tuple[Dump, Load]:
     def dump(value: Any, where: str) -> Any:
         if type(value) in (int, float):
             return value
+        if isinstance(value, float):
+            return float.__float__(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int.__int__(value)
         raise _wrong(where, "a number", value)
 
     def load(value: Any, where: str) -> Any:
-        if type(value) in (int, float):
-            return float(value)
-        raise _wrong(where, "a number", value)
+        return float(dump(value, where))
 
     return dump, load
 
 
-def _text_of(tp: type, parse: Callable[[str], Any], expected: str) -> tuple[Dump, Load]:
-    """A value written as a string: ``str(value)`` (an ISO 8601 text for times)."""
+def _text_of(
+    tp: type, parse: Callable[[str], Any], expected: str, but: type | None = None
+) -> tuple[Dump, Load]:
+    """A value written as a string: ``str(value)`` (an ISO 8601 text for times), ``tp``'s
+    own for one of a subclass; ``but``: a subclass refused."""
+    write: Callable[[Any], str] = tp.isoformat if issubclass(tp, date) else tp.__str__
 
     def dump(value: Any, where: str) -> Any:
-        if type(value) is tp:
-            return value.isoformat() if isinstance(value, date) else str(value)
+        if type(value) is tp or (isinstance(value, tp) and not (but and isinstance(value, but))):
+            return write(value)
         raise _wrong(where, expected, value)
 
     def load(value: Any, where: str) -> Any:
-        if type(value) is not str:
+        if not isinstance(value, str):
             raise _wrong(where, expected, value)
         try:
             return parse(value)
@@ -203,7 +232,7 @@ def _decimal_converters() -> tuple[Dump, Load]:
     dump, load = _text_of(Decimal, _decimal, "a decimal number as a string ('12.50')")
 
     def dump_finite(value: Any, where: str) -> Any:
-        if type(value) is Decimal and not value.is_finite():
+        if isinstance(value, Decimal) and not value.is_finite():
             raise _wrong(where, "a finite decimal", value)
         return dump(value, where)
 
@@ -217,12 +246,12 @@ def _date(text: str) -> date:
 
 
 _SCALAR_CONVERTERS: dict[type, tuple[Dump, Load]] = {
-    str: _scalar(str, "a string"),
-    int: _scalar(int, "an integer"),
+    str: (_text, _text),
+    int: (_int, _int),
     bool: _scalar(bool, "true or false"),
     float: _number(),
     datetime: _text_of(datetime, datetime.fromisoformat, "an ISO 8601 date and time"),
-    date: _text_of(date, _date, "an ISO 8601 date (YYYY-MM-DD)"),
+    date: _text_of(date, _date, "an ISO 8601 date (YYYY-MM-DD)", but=datetime),
     uuid.UUID: _text_of(uuid.UUID, uuid.UUID, "a UUID as a string"),
     Decimal: _decimal_converters(),
 }
@@ -284,7 +313,9 @@ def _dict(dump_item: Dump, load_item: Load) -> tuple[Dump, Load]:
             out = {}
             for k, v in value.items():
                 if type(k) is not str:
-                    raise _wrong(where, "an object with string keys", k)
+                    if not isinstance(k, str):
+                        raise _wrong(where, "an object with string keys", k)
+                    k = str.__str__(k)
                 out[k] = item(v, f"{where}[{k!r}]")
             return out
 

@@ -134,6 +134,34 @@ def test_a_typed_task_is_written_as_the_plain_kind_and_the_json_of_its_fields(
     assert json.loads(payload_of(queue, "ship")) == plain
 
 
+class Channel(enum.StrEnum):
+    EMAIL = "email"
+
+
+class Priority(enum.IntEnum):
+    HIGH = 2
+
+
+@dataclass
+class Notify:
+    channel: str
+    body: str
+    rank: int
+
+
+def test_a_str_subclass_mypy_accepts_is_written_as_its_text(queue: Queue) -> None:
+    # A StrEnum member for a str field, Django's SafeString (render_to_string, mark_safe),
+    # an IntEnum member for an int: each was refused ("expected a string, got SafeString").
+    mark_safe = pytest.importorskip("django.utils.safestring").mark_safe
+    notify = TaskType("notify", Notify)
+    value = Notify(Channel.EMAIL, mark_safe("<b>hi</b>"), Priority.HIGH)
+    queue.schedule(notify, value, task_id="t")
+    plain = {"channel": "email", "body": "<b>hi</b>", "rank": 2}
+    queue.schedule("notify", plain, task_id="p")
+    assert payload_of(queue, "t") == payload_of(queue, "p")
+    assert json.loads(payload_of(queue, "t")) == plain
+
+
 def test_schedule_many_takes_task_specs_of_a_typed_task(queue: Queue) -> None:
     queue.schedule_many(
         [

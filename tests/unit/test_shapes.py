@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -264,3 +265,85 @@ def test_types_of_one_qualified_name_are_numbered_in_the_order_met() -> None:
 
 def test_a_type_named_as_none_other_keeps_its_plain_name() -> None:
     assert list(TaskType("every", Every).json_schema()["$defs"]) == ["Every", "Item"]
+
+
+# -- values of a subclass mypy accepts for a field's type ----------------------------------
+
+
+class Channel(enum.StrEnum):
+    EMAIL = "email"
+
+
+class Safe(str):
+    """Like Django's SafeString: a str subclass whose str() is itself."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return self
+
+
+class Stamp(datetime):
+    """Like freezegun's FakeDatetime or pendulum's DateTime."""
+
+
+class Day(date):
+    pass
+
+
+@dataclass
+class Notify:
+    channel: str
+    body: str
+    count: int
+    weight: float
+    level: int
+    at: datetime
+    day: date
+    by_channel: dict[str, int]
+    tags: list[str]
+
+
+def test_a_str_or_int_subclass_is_written_as_its_plain_value() -> None:
+    notify = TaskType("notify", Notify)
+    value = Notify(
+        Channel.EMAIL,
+        Safe("<b>hi</b>"),
+        Level.HIGH,
+        Level.LOW,
+        Level.HIGH,
+        Stamp(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        Day(2026, 1, 2),
+        {Channel.EMAIL: Level.LOW},
+        [Safe("a"), Channel.EMAIL],
+    )
+    plain = notify.dump(value)
+    assert plain == {
+        "channel": "email",
+        "body": "<b>hi</b>",
+        "count": 2,
+        "weight": 1,
+        "level": 2,
+        "at": "2026-01-02T03:04:05+00:00",
+        "day": "2026-01-02",
+        "by_channel": {"email": 1},
+        "tags": ["a", "email"],
+    }
+    exact = {str, int, float, dict, list}  # plain values: what json.dumps of the dict writes
+    assert {type(v) for v in plain.values()} <= exact
+    assert {type(v) for v in [*plain["by_channel"], *plain["by_channel"].values()]} == {str, int}
+    assert {type(v) for v in plain["tags"]} == {str}
+    assert json.dumps(plain) == json.dumps({**vars(value), "at": plain["at"], "day": plain["day"]})
+
+
+def test_bool_is_still_refused_for_an_int_or_a_float_and_a_datetime_for_a_date() -> None:
+    notify = TaskType("notify", Notify)
+    good = Notify("e", "b", 1, 1.5, 1, datetime.now(UTC), date.today(), {}, [])
+    for change, message in [
+        ({"count": True}, "count: expected an integer, got bool True"),
+        ({"weight": False}, "weight: expected a number, got bool False"),
+        ({"day": datetime(2026, 1, 2)}, "day: expected an ISO 8601 date"),
+        ({"by_channel": {1: 1}}, r"by_channel: expected an object with string keys"),
+    ]:
+        with pytest.raises(InvalidTaskError, match=message):
+            notify.dump(Notify(**{**vars(good), **change}))
