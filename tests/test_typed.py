@@ -172,6 +172,15 @@ def test_schedule_many_takes_task_specs_of_a_typed_task(queue: Queue) -> None:
     )
     assert payload_of(queue, "b") == b'{"order_id":2,"reason":"paid twice"}'
     assert payload_of(queue, "c") == b'{"order_id":3,"reason":"unpaid"}'
+    # mypy cannot check the dict form (docs/concepts.md): the run time does, before writing.
+    with pytest.raises(InvalidTaskError, match=r"'order.close' \(CloseOrder\).*Line"):
+        queue.schedule_many(
+            [
+                {"kind": close_order, "payload": CloseOrder(4), "task_id": "d"},
+                {"kind": close_order, "payload": Line("a"), "task_id": "e"},
+            ]
+        )
+    assert queue.get("d") is None and queue.get("e") is None
 
 
 async def test_async_queue_schedules_a_typed_task(aqueue: AsyncQueue) -> None:
