@@ -170,7 +170,10 @@ class Queue(QueueBase[redis.Redis]):
         durable: bool = False,
     ) -> list[Scheduled]:
         """Schedule many tasks in a few round trips; all are validated before any is sent.
-        Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`)."""
+        Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`).
+
+        ``tasks``: :class:`TaskSpec` objects, or dicts of their fields. mypy checks a typed
+        task's payload in a ``TaskSpec`` only; in a dict it is checked at run time."""
         return self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:
