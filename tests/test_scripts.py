@@ -1487,7 +1487,15 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
     script, keys = SCRIPTS["cancel"], QueueKeys("q")
     assert script.keys_and_args(keys, {"id": "a"}) == (
-        [keys.scheduled, keys.tasks, keys.errors, keys.stats, keys.attempts, keys.xkeys],
+        [
+            keys.scheduled,
+            keys.tasks,
+            keys.errors,
+            keys.stats,
+            keys.attempts,
+            keys.xkeys,
+            keys.prio,
+        ],
         ["a"],
     )
     for bad in ({}, {"id": "a", "extra": 1}):

@@ -5,6 +5,7 @@
 -- KEYS[4] stats
 -- KEYS[5] attempts
 -- KEYS[6] xkeys
+-- KEYS[7] prio
 -- ARGV[1] id
 -- REPLY cancelled
 -- Returns: 1 if the task was waiting and is now gone, else 0.
@@ -13,5 +14,6 @@
 if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
 dq_forget(K, {A.id})
 dq_unwatch(K, {A.id})
+redis.call('ZREM', K.prio, A.id)
 redis.call('HINCRBY', K.stats, 'cancelled', 1)
 return 1

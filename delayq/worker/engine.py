@@ -80,6 +80,8 @@ class Host(Protocol):
     grace_s: float
     lookahead_s: float
     max_wait_s: float
+    weighted: bool
+    strict: bool
     freeze_gc: bool
     clock: ServerClock
     events: Events
@@ -237,6 +239,8 @@ class Engine:
             lease_ms=lease_ms,
             lookahead_s=host.lookahead_s,
             max_wait_s=host.max_wait_s,
+            weighted=host.weighted,
+            strict=host.strict,
         )
         # ... or told on the wake channel.
         if several:

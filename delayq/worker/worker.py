@@ -16,7 +16,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -42,6 +42,7 @@ from delayq.worker.lane import (
     checked_queues,
     lane_of,
     one_lane,
+    set_weights,
 )
 from delayq.worker.options import (
     checked_client,
@@ -91,6 +92,16 @@ class Worker:
         configure_notifications: with ``on_expire`` callbacks, add the ``E`` and ``x``
             flags to the server's ``notify-keyspace-events`` when they are missing (default);
             ``False`` only checks them (docs/expiring.md).
+        weights: with several queues, each one's share of the claims, e.g.
+            ``{payments: 5, emails: 1}`` (keyed by the queues or their names; whole numbers
+            1-1000, a queue left out weighs 1): while both have tasks due, payments gets about
+            five tasks for each of emails', and a queue with tasks due is never starved
+            (docs/priorities.md). Default: equal shares.
+        strict: with several queues, claim in a strict order: the first queue's due tasks
+            (by ``weights``, the heaviest first, else the order given) before any of the
+            next's, as Asynq's strict priority. A queue is claimed from only when every queue
+            before it has nothing due (or its slots are full of its kinds' caps): a busy
+            first queue starves the others, by design.
         freeze_gc: once start-up is done, collect garbage and move what is left into the
             garbage collector's permanent generation (``gc.freeze()``, the first time any
             worker in the process serves), so the collector's full passes no longer walk
@@ -110,6 +121,8 @@ class Worker:
         client: Any = None,
         configure_notifications: bool = True,
         freeze_gc: bool = True,
+        weights: Mapping[QueueLike | str, int] | None = None,
+        strict: bool = False,
     ) -> None:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
@@ -129,6 +142,8 @@ class Worker:
         self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
         for lane in self.lanes[1:]:
             lane.registry.on_dead = self.lanes[0].registry.on_dead
+        self.weighted = set_weights(self.lanes, weights)
+        self.strict = check.flag(strict, "strict")
         self.clock = ServerClock()
         self.events = Events()
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).

@@ -1,4 +1,4 @@
-local K = {scheduled = KEYS[1], tasks = KEYS[2], errors = KEYS[3], stats = KEYS[4], attempts = KEYS[5], xkeys = KEYS[6]}
+local K = {scheduled = KEYS[1], tasks = KEYS[2], errors = KEYS[3], stats = KEYS[4], attempts = KEYS[5], xkeys = KEYS[6], prio = KEYS[7]}
 local A = {id = ARGV[1]}
 local REST = 2
 -- cancel: remove a waiting task. A running, finished or dead task is left as it is.
@@ -8,6 +8,7 @@ local REST = 2
 -- KEYS[4] stats
 -- KEYS[5] attempts
 -- KEYS[6] xkeys
+-- KEYS[7] prio
 -- ARGV[1] id
 -- REPLY cancelled
 -- Returns: 1 if the task was waiting and is now gone, else 0.
@@ -32,5 +33,6 @@ end
 if redis.call('ZREM', K.scheduled, A.id) == 0 then return 0 end
 dq_forget(K, {A.id})
 dq_unwatch(K, {A.id})
+redis.call('ZREM', K.prio, A.id)
 redis.call('HINCRBY', K.stats, 'cancelled', 1)
 return 1
