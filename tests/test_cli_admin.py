@@ -82,6 +82,15 @@ def test_schedule_with_a_human_delay_then_show_cancel(
     assert missing.exit_code == 1 and "no task" in missing.output
 
 
+def test_schedule_with_a_priority_shows_it(cli: Callable[..., Result], queue: Queue) -> None:
+    tid = f"p:{queue.name}"
+    out = as_json(cli("schedule", "-q", queue.name, "k", "--priority", "8", "--id", tid, "--json"))
+    assert out["priority"] == 8 and queue.get(tid).priority == 8  # type: ignore[union-attr]
+    assert "priority" in cli("task", "show", tid, "-q", queue.name).output
+    bad = cli("schedule", "-q", queue.name, "k", "--priority", "10")
+    assert bad.exit_code == 2 and "--priority" in bad.output
+
+
 def test_schedule_at_an_iso_time_and_refuses_bad_input(
     cli: Callable[..., Result], queue: Queue
 ) -> None:
