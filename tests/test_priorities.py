@@ -18,6 +18,7 @@ from delayq.leasing import claim, retry
 from delayq.runner import SyncRunner
 
 from .support.helpers import wait_for
+from .test_protocol_exports import EXPORTS, OldProducer
 
 NOW = 1_800_000_000_000  # ms: claims run as of this time; every task below is due by then
 LEASE = 30_000
@@ -250,3 +251,29 @@ def test_what_weights_and_strict_refuse(server: EmbeddedServer, qname: str) -> N
             Worker([a, b], **kwargs)
     for q in (a, b, other):
         q.close()
+
+
+@pytest.mark.parametrize("export", EXPORTS, ids=[p.name for p in EXPORTS])
+def test_a_1_0_reschedule_and_cancel_leave_entries_claim_repairs(queue: Queue, export: Any) -> None:
+    """An older producer's scripts know no index: its reschedule leaves a prioritised
+    task's entry at the old due time and its cancel leaves it behind. A claim that meets
+    such an entry repairs it from the scheduled set: never early, nothing cancelled runs."""
+    old, r = OldProducer(export), queue.client
+    queue.schedule("k", 1, task_id="a", at=_at(NOW - 10), priority=9)
+    queue.schedule("k", 2, task_id="b", at=_at(NOW - 10), priority=9)
+    queue.schedule("k", 3, task_id="c", at=_at(NOW - 20))
+    assert int(old.reschedule(r, queue.name, "a", str(NOW + 60_000))) == 1
+    assert int(old.cancel(r, queue.name, "b")) == 1
+    assert _claim(queue) == ["c"]  # a is not due; b is gone
+    keys = queue.core.keys
+    assert r.zrange(keys.prio, 0, -1, withscores=True) == [(b"a", 1e13 + NOW + 60_000)]
+    assert _claim(queue, NOW + 60_000, limit=1) == ["a"]  # (c is reaped back too: after a)
+    assert r.zcard(keys.prio) == 0
+
+
+async def test_async_queue_schedules_with_a_priority(queue: Queue, aqueue: Any) -> None:
+    await aqueue.schedule("k", 1, task_id="hi", at=_at(NOW - 1), priority=8)
+    await aqueue.schedule_many([TaskSpec("k", 2, task_id="lo", at=_at(NOW - 9))])
+    info = await aqueue.get("hi")
+    assert info is not None and info.priority == 8
+    assert _claim(queue) == ["hi", "lo"]
