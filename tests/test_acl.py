@@ -116,6 +116,10 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         queue.schedule("flaky", None, task_id="flaky")
         queue.schedule("fatal", None, task_id="fatal")
         queue.schedule("slow", None, task_id="slow")
+        # Priorities: the prio index and the control hash's marker, retried and rescheduled.
+        queue.schedule("flaky", None, task_id="flaky-p", priority=5)
+        queue.schedule("ok", None, delay=3600, task_id="later-p", priority=7)
+        assert queue.reschedule("later-p", delay=0.05)
         queue.schedule("ok", None, delay=3600, task_id="later")
         assert queue.reschedule("later", delay=0.05)
         queue.schedule("ok", None, delay=3600, task_id="never")
@@ -131,7 +135,7 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
 
         named, afresh = asyncio.run(from_asyncio())
         assert named == "async"
-        done = ("ok", "flaky", "slow", "later", "async", fresh, afresh)
+        done = ("ok", "flaky", "slow", "later", "async", fresh, afresh, "flaky-p", "later-p")
         wait_for(lambda: [_state(queue, tid) for tid in done] == ["done"] * len(done))
         wait_for(lambda: _state(queue, "fatal") == "dead")
         assert [w.alive for w in queue.workers()] == [True]
@@ -147,11 +151,11 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert queue.workers() == []  # unregistered
     assert SyncRunner(queue.client).run(queue.core.reap()) == 0
     stats = queue.stats()
-    assert stats.counters["succeeded"] == 7 and stats.counters["released"] == 1
+    assert stats.counters["succeeded"] == 9 and stats.counters["released"] == 1
     assert queue.cancel("stuck")
     with Admin(acl.url) as admin:  # resharding runs as the user too
         moved = operate.reshard(admin, "orders", 2)
-    assert moved.ok and moved.done == 8, moved  # 7 done, 1 aborted
+    assert moved.ok and moved.done == 10, moved  # 9 done, 1 aborted
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...

@@ -66,7 +66,8 @@ end
 -- none with a priority (any).
 local function dq_prio_claimed(k, ids, any)
   if #ids > 0 then redis.call('ZREM', k.prio, unpack(ids)) end
-  if not any and redis.call('EXISTS', k.prio, k.active) == 0 then
+  -- (ZCARD, not EXISTS: the commands of docs/operations.md's ACL rule)
+  if not any and redis.call('ZCARD', k.prio) == 0 and redis.call('ZCARD', k.active) == 0 then
     redis.call('HDEL', k.control, 'prio')
   end
 end
