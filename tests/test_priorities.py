@@ -277,3 +277,26 @@ async def test_async_queue_schedules_with_a_priority(queue: Queue, aqueue: Any) 
     info = await aqueue.get("hi")
     assert info is not None and info.priority == 8
     assert _claim(queue) == ["hi", "lo"]
+
+
+def test_a_split_queue_orders_each_shards_tasks_by_priority(
+    server: EmbeddedServer, qname: str
+) -> None:
+    queue = Queue(qname, url=server.url, shards=2)
+    for i in range(20):  # odd ids prioritised, due after the even ones beside them
+        p = 9 if i % 2 else None
+        queue.schedule("k", i, task_id=f"t{i}", at=_at(NOW - 100 + i), priority=p)
+    assert queue.get("t1").priority == 9 and queue.get("t2").priority == 0  # type: ignore[union-attr]
+    seen: list[str] = []
+    for core in queue.shards.cores:
+        op = claim(core, limit=100, lease_ms=LEASE, now_ms=NOW)
+        ids = [c.id for c in SyncRunner(queue.client).run(op).tasks]
+        order = [int(t[1:]) for t in ids]
+        prioritised = [n for n in order if n % 2]
+        assert order == prioritised + [n for n in order if not n % 2], order
+        assert prioritised == sorted(prioritised) and order[len(prioritised) :] == sorted(
+            order[len(prioritised) :]
+        )
+        seen += ids
+    assert sorted(seen) == sorted(f"t{i}" for i in range(20))
+    queue.close()
