@@ -34,6 +34,9 @@ from delayq.settings import DEFAULT_DEDUPE_WINDOW, NOTHING_STORED, QueueSettings
 from delayq.spec import (
     CheckedSpec,
     TaskSpec,
+    plain_dues,
+    priority_due,
+    reschedule_due,
     task_ids,
     validate_kind,
     validate_max_attempts,
@@ -71,18 +74,8 @@ _RESCHEDULE.require_head("moved", "now")
 _GET = SCRIPTS["get"].reply
 _GET.require_head("state", "score", "record", "error", "attempt")
 _STATS = SCRIPTS["stats"].reply
-_STATS.require_head(
-    "now",
-    "scheduled",
-    "due",
-    "active",
-    "dead",
-    "done",
-    "head_due",
-    "next_lease",
-    "expiry_mode",
-    "aborted",
-)
+_STATS_HEAD = "now scheduled due active dead done head_due next_lease expiry_mode aborted"
+_STATS.require_head(*_STATS_HEAD.split())
 _STATS.require_row("name", "value")
 SCRIPTS["shards"].reply.require_head("count", "protocol", "dedupe_ms", "max_payload", "codec")
 SCRIPTS["settings"].reply.require_head("dedupe_ms", "max_payload", "codec")
@@ -92,12 +85,6 @@ _WORKERS_NOW = _WORKERS.at("now")
 _DEAD, _SEEK = SCRIPTS["dead"].reply, SCRIPTS["seek"].reply
 for _reply in (_DEAD, _SEEK, SCRIPTS["page"].reply):
     _reply.require_row(*ROWS)
-
-
-def _reschedule_due(delay: Duration | None, at: datetime | float | int | None) -> str:
-    if delay is None and at is None:
-        raise InvalidTaskError("reschedule needs delay= or at=")
-    return due_spec(delay, at)
 
 
 @dataclass(frozen=True, init=False)
@@ -208,7 +195,7 @@ class QueueCore:
         )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
         self.history_ms = window_ms(history_window)  # the dashboard's, past its 10 minutes
-        self._prefixes: dict[tuple[str, int], bytes] = {}
+        self._prefixes: dict[tuple[Any, ...], bytes] = {}  # (kind, max_attempts[, priority])
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self._new_keys: list[str] | None = None
         self.clock = clock
@@ -262,17 +249,19 @@ class QueueCore:
 
     # -- producing ---------------------------------------------------------------------
 
-    def _prefix(self, kind: str, max_attempts: int) -> bytes:
+    def _prefix(self, kind: str, max_attempts: int, priority: int = 0) -> bytes:
         """Validated kind -> cached header prefix (most queues have a handful of kinds)."""
+        key = (kind, max_attempts, priority) if priority else (kind, max_attempts)
         # Looked up only for an int: True == 1 and 1.0 == 1 hash alike, and must be refused.
-        prefix = self._prefixes.get((kind, max_attempts)) if type(max_attempts) is int else None
+        prefix = self._prefixes.get(key) if type(max_attempts) is int else None
         if prefix is None:
             validate_kind(kind)
             validate_max_attempts(max_attempts)
             if len(self._prefixes) > 1000:
                 self._prefixes.clear()
-            prefix = record_prefix(kind, max_attempts=max_attempts, fmt=self.codec.name)
-            self._prefixes[(kind, max_attempts)] = prefix
+            fmt = self.codec.name
+            prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt, priority=priority)
+            self._prefixes[key] = prefix
         return prefix
 
     def encode_tasks(
@@ -306,6 +295,9 @@ class QueueCore:
             else:
                 head = b"" if spec.headers is None else encode_headers(spec.headers)
                 due = due_spec(spec.delay, spec.at)
+            if spec.priority is not None:  # its record's "p" (1-9) and due "p<N>:<due>"
+                p, due = priority_due(spec.priority, due)
+                prefix = self._prefix(spec.kind, attempts, p) if p else prefix
             if head:
                 rest += (tid, due, prefix + header_end(created, head) + data)
             else:
@@ -330,7 +322,7 @@ class QueueCore:
             if reply is None:
                 return ids
             n = len(ids)  # (the statuses, then the now the script ran at)
-            dues = cast(list[str], rest[1::3])  # (each task's due_spec)
+            dues = plain_dues(cast(list[str], rest[1::3]))  # (each task's due_spec)
             scheduled = Scheduled.from_replies(ids, reply[:n], dues, reply[n])
             return cast(list[str], scheduled)  # each one is a str
 
@@ -408,7 +400,7 @@ class QueueCore:
         at: datetime | float | int | None = None,
         now_ms: int | None = None,
     ) -> Op[bool]:
-        due = _reschedule_due(delay, at)
+        due = reschedule_due(delay, at)
         return self._reschedule(task_id, due, now_ms, "", lambda r: int(r) == 1)
 
     def reschedule_due(
@@ -421,7 +413,7 @@ class QueueCore:
     ) -> Op[float | None]:
         """:meth:`reschedule`, parsed to the due time the script stored (ms on the server's
         clock, what ``get`` reads back), or None when the task was not waiting."""
-        due = _reschedule_due(delay, at)
+        due = reschedule_due(delay, at)
 
         def parse(reply: Any) -> float | None:
             moved, now = reply  # _RESCHEDULE's head: {moved, now}

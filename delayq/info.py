@@ -92,6 +92,7 @@ def task_info(
         finished_at=when if state in ("done", "dead", "aborted") else None,
         queue=queue,
         headers=header.headers,
+        priority=header.priority,
     )
 
 

@@ -127,8 +127,15 @@ class QueueKeys:
     control = Key(
         "HASH of the shard's admission controls, read by every claim: ``paused``; the rate "
         "limit's share of this shard (``rate`` tokens per ms, ``burst``) and its bucket "
-        "(``tokens`` at ``ts``); the queue-wide limit as set (``limit``, ``limit_burst``). "
-        "Absent when no control is set."
+        "(``tokens`` at ``ts``); the queue-wide limit as set (``limit``, ``limit_burst``); "
+        "``prio``: set while the ``prio`` index may hold tasks. "
+        "Absent when none of these is set."
+    )
+    prio = Key(
+        "ZSET task id -> (10 - priority) * 1e13 + due time (ms): the waiting tasks scheduled "
+        "with a priority (1-9), an index beside ``scheduled`` (which stays the truth of what "
+        "waits and until when; claim repairs an entry that disagrees). Absent while no task "
+        "has one; the control hash's field ``prio`` says when it may hold any."
     )
     cron = Key("HASH schedule name -> JSON: definition, next and last occurrence, last outcome.")
     xkeys = Key("HASH watched key -> id of the task that fires when it expires.")

@@ -156,6 +156,11 @@ class Queue(QueueBase[redis.Redis]):
                   shown by ``delayq task show`` and the dashboard. At most 4 KiB as JSON;
                   kept across retries, replays and reschedules (``replace=True`` writes the
                   new call's).
+                - ``priority``: 0-9; among the tasks due, the higher is claimed first (0,
+                  the default, is none: after every prioritised due task, by due time).
+                  Never before its due time. Kept across retries and reschedules; a
+                  ``replace=True`` that gives none keeps a waiting task's
+                  (docs/priorities.md).
         """
         if self.shards.write_checked and not options.get("durable", False):
             # The common case: one call, nothing to plan.

@@ -289,6 +289,8 @@ class TaskInfo:
     queue: str = ""
     # What the producer attached (schedule(..., headers=)); {} for none.
     headers: dict[str, str] = field(default_factory=dict)
+    # schedule(..., priority=): 1-9, the higher claimed first among due tasks; 0 for none.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,30 @@ def test_schedule_with_a_human_delay_then_show_cancel(
     assert missing.exit_code == 1 and "no task" in missing.output
 
 
+def test_task_show_without_a_queue_passes_over_a_queue_it_cannot_open(
+    cli: Callable[..., Result], queue: Queue
+) -> None:
+    """`task show ID` looks in every queue; one whose stored shard count no delayq wrote
+    (another test's, or another program's, on this shared server) made the whole search
+    fail ("shards must be a whole number from 1 to 1,024 ... got 2000")."""
+    queue.client.hset(f"dq:{{{queue.name}-broken}}:shards", mapping={"n": 2000})
+    tid = f"found:{queue.name}"
+    queue.schedule("k", {}, task_id=tid, delay=60)
+    shown = cli("task", "show", tid, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert as_json(shown)["queue"] == queue.name
+    assert cli("task", "show", tid, "-q", f"{queue.name}-broken").exit_code != 0
+
+
+def test_schedule_with_a_priority_shows_it(cli: Callable[..., Result], queue: Queue) -> None:
+    tid = f"p:{queue.name}"
+    out = as_json(cli("schedule", "-q", queue.name, "k", "--priority", "8", "--id", tid, "--json"))
+    assert out["priority"] == 8 and queue.get(tid).priority == 8  # type: ignore[union-attr]
+    assert "priority" in cli("task", "show", tid, "-q", queue.name).output
+    bad = cli("schedule", "-q", queue.name, "k", "--priority", "10")
+    assert bad.exit_code == 2 and "--priority" in bad.output
+
+
 def test_schedule_at_an_iso_time_and_refuses_bad_input(
     cli: Callable[..., Result], queue: Queue
 ) -> None:

@@ -106,6 +106,24 @@ async def test_schedule_at_an_rfc3339_time_with_headers_and_attempts(
     assert info.headers == {"tenant": "a"} and info.max_attempts == 3 and info.payload is None
 
 
+async def test_schedule_with_a_priority_single_and_batch_and_task_shows_it(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    url = f"/v1/queues/{qname}/tasks"
+    r = await client.post(url, json={"kind": "k", "id": "one", "priority": 7})
+    assert r.status_code == 201, r.text
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks/batch",
+        json={"tasks": [{"kind": "k", "id": "two", "priority": 3}, {"kind": "k", "id": "three"}]},
+    )
+    assert r.status_code in (200, 201), r.text
+    assert [sq.get(t).priority for t in ("one", "two", "three")] == [7, 3, 0]  # type: ignore[union-attr]
+    shown = (await client.get(f"{url}/one")).json()
+    assert shown["priority"] == 7
+    bad = problem(await client.post(url, json={"kind": "k", "priority": 10}), 422, "invalid")
+    assert pointers(bad) == ["/priority"], bad
+
+
 async def test_schedule_without_delay_or_at_is_due_now_with_a_new_id(
     client: httpx.AsyncClient, qname: str, sq: Queue
 ) -> None:

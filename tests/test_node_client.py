@@ -25,7 +25,9 @@ import redis
 from delayq import ConfigurationError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
+from delayq.leasing import claim
 from delayq.protocol.version import PROTOCOL_VERSION
+from delayq.runner import SyncRunner
 
 from .support.helpers import wait_for
 
@@ -507,3 +509,33 @@ def test_node_get_answers_cancelled_with_its_time_as_python_does(
         " await q.close(); return i;",
     )
     assert python_cancel["state"] == "cancelled" and python_cancel["finishedAt"]
+
+
+def test_node_schedules_with_a_priority_that_python_claims_first_and_replace_keeps(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    at = time.time() - 1
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        await q.scheduleMany([
+          {{ kind: 'k', payload: 1, taskId: 'plain', at: {at - 1!r} }},
+          {{ kind: 'k', payload: 2, taskId: 'high', at: {at!r}, priority: 7 }},
+        ]);
+        const moved = await q.schedule('k', 3, {{ taskId: 'high', at: {at!r}, replace: true }});
+        const info = await q.get('high');
+        let refused = null;
+        try {{ await q.schedule('k', 4, {{ priority: 10 }}); }} catch (e) {{ refused = e.message; }}
+        await q.close();
+        return {{ moved, info, refused }};
+        """,
+    )
+    assert out["moved"]["status"] == "replaced" and out["moved"]["dueAt"] is not None
+    assert out["info"]["priority"] == 7 and out["info"]["payload"] == 3  # kept by the replace
+    assert out["refused"] is not None and "priority" in out["refused"]
+    with Queue(qname, url=server.url) as queue:
+        assert queue.get("high").priority == 7  # type: ignore[union-attr]
+        got = SyncRunner(queue.client).run(claim(queue.core, limit=10, lease_ms=30_000))
+        assert [c.id for c in got.tasks] == ["high", "plain"]  # due later, claimed first

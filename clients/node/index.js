@@ -140,6 +140,17 @@ function validateMaxAttempts(value) {
   return value;
 }
 
+/** A task's priority: a whole number 0-9 (the higher claimed first among due tasks). */
+function validatePriority(value) {
+  if (!Number.isInteger(value) || value < 0 || value > 9) {
+    throw new InvalidTaskError(
+      `priority must be a whole number from 0 to 9 (the higher claimed first among due ` +
+        `tasks; 0 is none), got ${JSON.stringify(value)}`
+    );
+  }
+  return value;
+}
+
 function encodeHeaders(headers) {
   if (headers == null) return '';
   if (typeof headers !== 'object' || Array.isArray(headers)) {
@@ -215,6 +226,7 @@ function shardOf(taskId, n) {
  * schedule replies after its statuses (protocol 1.1): lib/due.lua's dq_due.
  */
 function storedDue(due, now) {
+  if (due[0] === 'p') due = due.slice(3); // "p<N>:<due>": a priority given
   return due[0] === '+' ? Number(now) + Number(due.slice(1)) : Number(due);
 }
 
@@ -495,15 +507,16 @@ class Queue {
     return this.shardCheck(false);
   }
 
-  /** A record's header up to its created time, per kind and max attempts (cached). */
-  headerPrefix(kind, maxAttempts) {
+  /** A record's header up to its created time, per kind, max attempts and priority (cached). */
+  headerPrefix(kind, maxAttempts, priority = 0) {
     if (typeof kind !== 'string') validateKind(kind); // (throws: the cache holds strings)
     validateMaxAttempts(maxAttempts);
-    const cacheKey = `${maxAttempts} ${kind}`;
+    const cacheKey = `${maxAttempts} ${priority} ${kind}`;
     let prefix = this.prefixes.get(cacheKey);
     if (prefix === undefined) {
       const header = { k: validateKind(kind) };
       if (maxAttempts) header.m = maxAttempts;
+      if (priority) header.p = priority; // (protocol 1.1)
       prefix = JSON.stringify(header).slice(0, -1) + ',"c":';
       if (this.prefixes.size > 1000) this.prefixes.clear();
       this.prefixes.set(cacheKey, prefix);
@@ -517,7 +530,11 @@ class Queue {
       throw new InvalidTaskError(`a task is an object {kind, payload, ...}, got ${task}`);
     }
     const id = task.taskId == null ? generatedId : validateTaskId(task.taskId);
-    const prefix = this.headerPrefix(task.kind, task.maxAttempts ?? 0);
+    // A priority given goes in the record ("p", 1-9) and in the due argument, "p<N>:<due>"
+    // (protocol 1.1: the script indexes the task; 0 says none, and a replace without one
+    // keeps a waiting task's).
+    const priority = task.priority == null ? null : validatePriority(task.priority);
+    const prefix = this.headerPrefix(task.kind, task.maxAttempts ?? 0, priority || 0);
     let data;
     try {
       data = JSON.stringify(task.payload === undefined ? null : task.payload);
@@ -534,13 +551,14 @@ class Queue {
     }
     const headers = task.headers == null ? '' : encodeHeaders(task.headers);
     const record = `${prefix}${createdMs}${headers}}\n${data}`;
-    return { id, due: dueSpec(task.delay, task.at), record };
+    const due = dueSpec(task.delay, task.at);
+    return { id, due: priority == null ? due : `p${priority}:${due}`, record };
   }
 
   /**
    * Schedule many tasks in a few round trips; every task is validated before any is sent.
    * Each task: {kind, payload, delay (s) | at (Date or Unix s), taskId, maxAttempts,
-   * headers}. Returns [{id, status, dueAt}] in the order given; status is 'created',
+   * headers, priority (0-9, the higher claimed first among due tasks)}. Returns [{id, status, dueAt}] in the order given; status is 'created',
    * 'replaced', 'unchanged' or 'running' (see Queue.schedule in delayq's docs); dueAt, for a
    * task created or replaced, is the due time the script stored (the server's clock: what
    * get answers), else null.
@@ -703,6 +721,7 @@ class Queue {
       leaseDeadline: state === 'active' ? msToDate(when) : null,
       finishedAt: state === 'done' || state === 'dead' || state === 'aborted' ? msToDate(when) : null,
       headers: header && header.h ? header.h : {},
+      priority: header && Number.isInteger(header.p) && header.p >= 1 && header.p <= 9 ? header.p : 0,
     };
   }
 

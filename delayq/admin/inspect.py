@@ -21,7 +21,7 @@ from delayq.connection import redact, resolve_url, sync_client
 from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
-from delayq.errors import InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
 from delayq.history import READ_SPANS, SPAN_MS, History, history_of, span_of
 from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
@@ -408,8 +408,16 @@ class Admin:
         return self.queue(name).get(task_id)
 
     def find_task(self, task_id: str, names: Iterable[str] | None = None) -> list[TaskInfo]:
-        """Look a task id up in several queues at once (one round trip)."""
-        queues = [self.queue(n) for n in (self.queue_names() if names is None else names)]
+        """Look a task id up in several queues at once (one round trip). Looking in every
+        queue found (``names`` None), one that cannot be opened (a shard count or protocol
+        version no delayq wrote) is passed over, not a failure of the search."""
+        queues = []
+        for n in self.queue_names() if names is None else names:
+            try:
+                queues.append(self.queue(n))
+            except ConfigurationError:
+                if names is not None:
+                    raise
         cores = [q.shards.of(task_id) for q in queues]
         if not cores:
             return []

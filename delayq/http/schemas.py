@@ -23,10 +23,12 @@ from delayq.spec import (
     MAX_ATTEMPTS,
     MAX_ID_LEN,
     MAX_KIND_LEN,
+    MAX_PRIORITY,
     CheckedSpec,
     new_task_ids,
     validate_kind,
     validate_max_attempts,
+    validate_priority,
     validate_task_id,
 )
 from delayq.timing import MAX_DELAY_S, at_ms, parse_duration, seconds
@@ -238,6 +240,18 @@ MAX_ATTEMPTS_FIELD = Field(
     },
     validate_max_attempts,
 )
+PRIORITY = Field(
+    "priority",
+    {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_PRIORITY,
+        "description": "0-9: among the tasks due, the higher is claimed first; never before "
+        "its due time (0, the default, is none). A `replace` without it keeps a waiting "
+        "task's.",
+    },
+    validate_priority,
+)
 REPLACE = Field(
     "replace",
     {
@@ -288,7 +302,7 @@ TASKS = Field(
 )
 
 # The bodies (openapi.py names its schemas after these).
-BATCH_TASK = Body(KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS)
+BATCH_TASK = Body(KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS, PRIORITY)
 TASK = Body(*BATCH_TASK.fields, REPLACE, DURABLE)
 BATCH = Body(TASKS, REPLACE, DURABLE)
 RESCHEDULE = Body(DELAY, AT)
@@ -426,6 +440,7 @@ def spec_of(fields: dict[str, Any], task_id: str) -> CheckedSpec:
         task_id=task_id,
         max_attempts=fields.get("max_attempts", 0),
         headers=fields.get("headers"),
+        priority=fields.get("priority"),
     )
 
 
@@ -537,6 +552,7 @@ def _batch_specs(data: Any) -> tuple[list[CheckedSpec], bool, bool] | None:
                     task.get("id"),
                     task.get("max_attempts", 0),
                     task.get("headers"),
+                    task.get("priority"),
                 )
             )
         specs = CheckedSpec.many(rows)

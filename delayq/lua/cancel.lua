@@ -9,6 +9,7 @@
 -- KEYS[5] attempts
 -- KEYS[6] xkeys
 -- KEYS[7] cancelled
+-- KEYS[8] prio
 -- ARGV[1] id
 -- ARGV[2] now         ms, or "" for the server's TIME
 -- ARGV[3] dedupe_ms   keep the tombstone this long (0: none)
@@ -27,6 +28,7 @@ local cancelled = 0
 if redis.call('ZREM', K.scheduled, A.id) == 1 then
   dq_forget(K, {A.id})
   dq_unwatch(K, {A.id})
+  if K.prio then redis.call('ZREM', K.prio, A.id) end
   redis.call('HINCRBY', K.stats, 'cancelled', 1)
   if tombstones and dedupe > 0 then redis.call('ZADD', tombstones, now, A.id) end
   cancelled = 1

@@ -6,13 +6,19 @@
 -- KEYS[4] errors
 -- KEYS[5] attempts
 -- KEYS[6] aborted
+-- KEYS[7] control
+-- KEYS[8] prio
 -- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
 -- ARGV[2] state  "scheduled", "done" or "aborted": the set they are in
 -- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
+-- A waiting task with a priority (its record's "p") is indexed in prio (lib/prio.lua).
 --@include forget
+--@include prio_of
+--@include prio_put
+--@include record
 if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
 end
@@ -23,6 +29,10 @@ if A.mode == 'put' then
     local id = ARGV[i]
     redis.call('ZADD', set, ARGV[i + 1], id)
     redis.call('HSET', K.tasks, id, ARGV[i + 2])
+    if A.state == 'scheduled' then
+      local p = dq_prio_of(dq_split(ARGV[i + 2]))
+      if p then dq_prio_put(K, id, p, tonumber(ARGV[i + 1])) end
+    end
     if ARGV[i + 3] ~= '' then
       redis.call('HSET', K.errors, id, ARGV[i + 3])
     else
@@ -41,6 +51,7 @@ elseif A.mode == 'drop' then
   for i = REST, #ARGV do ids[#ids + 1] = ARGV[i] end
   if #ids == 0 then return 0 end
   redis.call('ZREM', set, unpack(ids))
+  if A.state == 'scheduled' then redis.call('ZREM', K.prio, unpack(ids)) end
   dq_forget(K, ids)
   return #ids
 end

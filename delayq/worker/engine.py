@@ -84,6 +84,8 @@ class Host(Protocol):
     lookahead_s: float
     max_wait_s: float
     unknown_kind_grace_s: float
+    weighted: bool
+    strict: bool
     freeze_gc: bool
     clock: ServerClock
     events: Events
@@ -246,6 +248,8 @@ class Engine:
             lookahead_s=host.lookahead_s,
             max_wait_s=host.max_wait_s,
             health=host.health,
+            weighted=host.weighted,
+            strict=host.strict,
         )
         self.claim_loop: asyncio.Task[None] | None = None
         # ... or told on the wake channel.

@@ -26,10 +26,11 @@ import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from delayq import check
 from delayq.connection import redact
 from delayq.errors import ConfigurationError
 from delayq.queue import AsyncQueue, Queue
@@ -155,6 +156,8 @@ class Lane:
         self.queue = queue
         self.name = queue.name
         self.index = index  # its place in the worker's queues
+        # Its share of the worker's claims against the other lanes' (Worker(weights=)).
+        self.weight = 1
         self.registry = Registry()
         # Awaited in order with the lane's context once serving has begun, before the first
         # claim: on_startup's (on the first lane) and the extensions' own (cron's pass).
@@ -218,6 +221,48 @@ def lane_of(lanes: Sequence[Lane], queue: QueueLike | str) -> Lane:
         f"queue={name!r} is not one of this worker's queues "
         f"({', '.join(repr(lane.name) for lane in lanes)}): pass one of them"
     )
+
+
+MAX_WEIGHT = 1000
+
+
+def set_weights(lanes: Sequence[Lane], weights: Any) -> bool:
+    """``Worker(weights=)``: a mapping of the worker's queues (or their names) to whole
+    numbers from 1 to MAX_WEIGHT, set on their lanes (a queue left out weighs 1). Returns
+    whether any was given. ConfigurationError names what is wrong."""
+    if weights is None:
+        return False
+    if not isinstance(weights, Mapping):
+        raise ConfigurationError(
+            f"weights must be a dict of the worker's queues (or their names) to whole numbers, "
+            f"got {check.shown(weights)}; e.g. weights={{payments: 5, emails: 1}}"
+        )
+    seen: set[int] = set()
+    for queue, weight in weights.items():
+        if not isinstance(queue, (Queue, AsyncQueue, str)):
+            raise ConfigurationError(
+                f"weights has the key {check.shown(queue)}: key it by one of the worker's "
+                "queues, or its name"
+            )
+        name = queue if isinstance(queue, str) else queue.name
+        try:
+            lane = lane_of(lanes, queue)
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"weights names the queue {name!r}, which is not one of this worker's queues "
+                f"({', '.join(repr(lane.name) for lane in lanes)}): weigh only those"
+            ) from None
+        if lane.index in seen:
+            raise ConfigurationError(f"weights gives the queue {name!r} twice: weigh it once")
+        seen.add(lane.index)
+        lane.weight = check.whole(
+            weight,
+            f"weights[{name!r}]",
+            1,
+            MAX_WEIGHT,
+            hint=" (the queue's share of the worker's claims against the others')",
+        )
+    return bool(seen)
 
 
 def one_lane(lanes: Sequence[Lane], queue: QueueLike | str | None, what: str) -> Lane:

@@ -15,7 +15,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -43,6 +43,7 @@ from delayq.worker.lane import (
     lane_of,
     one_lane,
     registration_text,
+    set_weights,
 )
 from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, handler_options, make_handler
 from delayq.worker.supervise import Supervisor
@@ -83,8 +84,11 @@ class Worker:
             ``False`` only checks them (docs/expiring.md).
         unknown_kind_grace: seconds (or a timedelta) a task of a kind this worker has no
             handler for is handed back, its attempt not counted, before it is buried (1 h):
-            counted from when it fell due, so in a rolling deploy a new kind waits for the
-            workers that have its handler (docs/concepts.md, "A kind no worker handles").
+            counted from when it fell due (docs/concepts.md, "A kind no worker handles").
+        weights: each queue's share of the claims (``{payments: 5, emails: 1}``; 1-1000, 1
+            when left out); a queue with tasks due is never starved (docs/priorities.md).
+        strict: claim the queues in order (by ``weights``, else as given), as Asynq's strict
+            priority: a busy first queue starves the others, by design.
         freeze_gc: once start-up is done, ``gc.collect()`` then ``gc.freeze()`` (the first
             time any worker in the process serves), so the collector's full passes no longer
             hold the loop for milliseconds while tasks fall due (``worker/collector.py``).
@@ -103,6 +107,8 @@ class Worker:
         client: Any = None,
         configure_notifications: bool = True,
         freeze_gc: bool = True,
+        weights: Mapping[QueueLike | str, int] | None = None,
+        strict: bool = False,
     ) -> None:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
@@ -111,9 +117,7 @@ class Worker:
         self.lease_s = opt.checked_lease(lease)
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
-        self.max_wait_s = config_seconds(
-            max_wait, "max_wait", 0.1, " (an idle worker looks at the queue this often)"
-        )
+        self.max_wait_s = config_seconds(max_wait, "max_wait", 0.1, " (the idle look's pace)")
         self.unknown_kind_grace_s = config_seconds(unknown_kind_grace, "unknown_kind_grace")
         self._client_arg = opt.checked_client(client)
         self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
@@ -123,6 +127,8 @@ class Worker:
         self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
         for lane in self.lanes[1:]:
             lane.registry.on_dead = self.lanes[0].registry.on_dead
+        self.weighted = set_weights(self.lanes, weights)
+        self.strict = check.flag(strict, "strict")
         self.clock = ServerClock()
         self.events = Events()
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
@@ -132,8 +138,7 @@ class Worker:
         self._started_at = time.time()
         self._stop_requested = threading.Event()
         self.engine: Engine | None = None  # the serving one (the last, once it has served)
-        # What /livez and /readyz answer (delayq worker --metrics-port): worker/health.py.
-        self.health = Health(self.max_wait_s)
+        self.health = Health(self.max_wait_s)  # what /livez and /readyz answer (health.py)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -177,11 +182,9 @@ class Worker:
         """Register the decorated function (sync or async) as the handler of ``kind``.
 
         Args:
-            kind: the kind of task it runs (``queue.schedule(kind, ...)``), or a
-                :class:`~delayq.TaskType`: the handler is given ``task.payload`` as a value
-                of its payload type, and a payload that does not match the type is dead,
-                with the reason, before the handler runs. The TaskType's options are the
-                defaults of those below.
+            kind: the kind of task it runs, or a :class:`~delayq.TaskType`: its payload
+                type's value is ``task.payload`` (one that does not match is dead, unrun), and
+                its options are the defaults of those below.
             max_attempts: after this many failed attempts a task is dead (default 5;
                 ``schedule(..., max_attempts=N)`` wins for one task).
             backoff: the wait before each retry: a list of seconds (the last repeats) or a
@@ -190,8 +193,7 @@ class Worker:
             timeout: seconds (or a ``timedelta``) a run may take before it fails with
                 ``TimeoutError`` (default: no limit).
             concurrency: at most this many tasks of ``kind`` held by this worker at once
-                (running, or claimed and waiting to start); the rest stay scheduled, for
-                other workers (default: only the worker's ``concurrency`` bounds them).
+                (running or claimed); the rest stay scheduled, for other workers.
             queue: the worker's queue (or its name) whose tasks of ``kind`` it runs; by
                 default every queue of the worker's (the only one, usually).
         """
@@ -213,11 +215,9 @@ class Worker:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         queue: QueueLike | str | None = None,
     ) -> Callable[[ExpireFn], ExpireFn]:
-        """Call the decorated function (sync or async) with an :class:`Expired` when a key
-        matching ``pattern`` (``*``, ``?``, ``[...]`` as in Redis) expires; keys set with
-        ``queue.expiring.set`` are guaranteed, others best-effort. Outcomes follow the
-        handler rules: raise to retry, ``Fail`` for the dead set. A worker of several queues
-        watches the keys of one of them: name it with ``queue=``."""
+        """Call the decorated function with an :class:`Expired` when a key matching
+        ``pattern`` (as in Redis) expires: keys set with ``queue.expiring.set`` surely,
+        others best-effort; raise to retry, ``Fail`` for the dead set. (``queue=``: which.)"""
         from delayq.worker.features import expiring
 
         lane = one_lane(self.lanes, queue, "on_expire")

@@ -1,4 +1,4 @@
-local K = {scheduled = KEYS[1], tasks = KEYS[2], errors = KEYS[3], stats = KEYS[4], attempts = KEYS[5], xkeys = KEYS[6], cancelled = KEYS[7]}
+local K = {scheduled = KEYS[1], tasks = KEYS[2], errors = KEYS[3], stats = KEYS[4], attempts = KEYS[5], xkeys = KEYS[6], cancelled = KEYS[7], prio = KEYS[8]}
 local A = {id = ARGV[1], now = ARGV[2], dedupe_ms = ARGV[3], trim_limit = ARGV[4]}
 local REST = 5
 -- cancel: remove a waiting task. A running, finished or dead task is left as it is. The
@@ -12,6 +12,7 @@ local REST = 5
 -- KEYS[5] attempts
 -- KEYS[6] xkeys
 -- KEYS[7] cancelled
+-- KEYS[8] prio
 -- ARGV[1] id
 -- ARGV[2] now         ms, or "" for the server's TIME
 -- ARGV[3] dedupe_ms   keep the tombstone this long (0: none)
@@ -58,6 +59,7 @@ local cancelled = 0
 if redis.call('ZREM', K.scheduled, A.id) == 1 then
   dq_forget(K, {A.id})
   dq_unwatch(K, {A.id})
+  if K.prio then redis.call('ZREM', K.prio, A.id) end
   redis.call('HINCRBY', K.stats, 'cancelled', 1)
   if tombstones and dedupe > 0 then redis.call('ZADD', tombstones, now, A.id) end
   cancelled = 1
