@@ -9,7 +9,7 @@ import pytest
 import shop.tasks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.test import override_settings
 
 import delayq.contrib.django as dq
@@ -90,6 +90,39 @@ def test_tasks_module_names_another_module(settings: Any) -> None:
     assert [(d.args, d.fn.__module__) for d in declare.discover()] == [
         (("job.run",), "jobs_app.jobs")
     ]
+
+
+def test_a_tasks_package_declares_its_handlers_in_the_submodules_it_imports(
+    settings: Any,
+) -> None:
+    settings.DELAYQ = {**settings.DELAYQ, "TASKS_MODULE": "pkg_tasks"}
+    assert [(d.args, d.fn.__module__) for d in declare.discover()] == [
+        (("pkg.mail",), "jobs_app.pkg_tasks.mail")
+    ]
+    assert "pkg.mail" in dq.make_worker(["emails"]).lanes[0].registry.kinds()
+
+
+def test_a_tasks_module_no_app_has_is_refused_naming_the_setting(settings: Any) -> None:
+    settings.DELAYQ = {**settings.DELAYQ, "TASKS_MODULE": "taks"}
+    typo = r"settings.DELAYQ\['TASKS_MODULE'\] is 'taks', and no installed app has"
+    with pytest.raises(ImproperlyConfigured, match=typo):
+        declare.discover()
+    with pytest.raises(SystemCheckError, match=r"delayq.E001.*" + typo):
+        call_command("check")
+    with pytest.raises(CommandError, match=typo):
+        call_command("delayq_worker")
+
+
+def test_the_worker_command_refuses_to_start_without_handlers(settings: Any) -> None:
+    # "jobs" declares only a handler of queue "default": a worker of "emails" has none.
+    settings.DELAYQ = {**settings.DELAYQ, "TASKS_MODULE": "jobs"}
+    with pytest.raises(
+        CommandError,
+        match=r"no handler is declared for queue\(s\) 'emails' in the installed apps' "
+        r"'jobs' modules \(settings.DELAYQ\['TASKS_MODULE'\]\)",
+    ):
+        call_command("delayq_worker", "--queue", "emails")
+    assert dq.make_worker(["emails"]).queues[0].name == "emails"  # a test's drain may
 
 
 def test_the_worker_gets_every_declaration_of_its_queues() -> None:

@@ -58,6 +58,7 @@ class QueueConfig:
 class Config:
     queues: dict[str, QueueConfig]
     tasks_module: str = "tasks"
+    tasks_module_given: bool = False  # set in the setting (so one found nowhere is a typo)
     worker: dict[str, Any] = field(default_factory=dict)
     eager: bool = False
     dashboard_url: str | None = None
@@ -144,6 +145,7 @@ def read() -> Config:
     return Config(
         queues=_queues(raw.get("QUEUES", {DEFAULT_QUEUE: {}}), url),
         tasks_module=module,
+        tasks_module_given="TASKS_MODULE" in raw,
         worker=worker,
         eager=eager,
         dashboard_url=_optional_str(raw.get("DASHBOARD_URL"), f"{SETTING}['DASHBOARD_URL']"),
