@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 
 import pytest
+import redis
 import shop.tasks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
-from django.test import override_settings
+from django.test import Client, override_settings
 
 import delayq.contrib.django as dq
 from delayq import AsyncQueue, Queue
@@ -65,6 +66,26 @@ def test_aqueue_is_one_async_queue_per_event_loop() -> None:
     assert isinstance(a, AsyncQueue) and a is b and c is not a
     with pytest.raises(RuntimeError):
         dq.aqueue("emails")  # no running loop
+
+
+def test_an_async_view_under_wsgi_leaves_no_queue_nor_connection_per_request(
+    client: Client, delayq_url: str
+) -> None:
+    from delayq.contrib.django.queues import registry
+
+    dq.queue().schedule("note.add", task_id="known", delay=60)
+    with redis.Redis.from_url(delayq_url) as r:
+
+        def connections() -> int:
+            return len(r.client_list())
+
+        before = connections()
+        for _ in range(50):  # each on a new event loop (async_to_sync), as a WSGI server
+            response = client.get("/task/known")
+            assert response.content == b"scheduled"
+        assert client.get("/task/other").content == b"none"
+        assert connections() - before <= 1, (before, connections())
+    assert len(registry.by_loop) == 0  # each loop's queue closed and forgotten
 
 
 def test_discovery_finds_the_tasks_modules_in_order() -> None:
