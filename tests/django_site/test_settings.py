@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from delayq.contrib.django import declare
         ({"URL": "x", "QUEUE": {}}, r"unknown key\(s\) in settings.DELAYQ: 'QUEUE'"),
         ({"QUEUES": {}}, r"settings.DELAYQ\['QUEUES'\] is empty"),
         ({"QUEUES": {"a": {"shrads": 2}}}, r"settings.DELAYQ\['QUEUES'\]\['a'\]: 'shrads'"),
-        ({"QUEUES": {"a": {"shards": 0}}}, r"settings.DELAYQ\['QUEUES'\]\['a'\]: .*shards"),
+        ({"QUEUES": {"a": {"shards": 0}}}, r"DELAYQ\['QUEUES'\]\['a'\]\['shards'\]: shards"),
         ({"QUEUES": []}, r"settings.DELAYQ\['QUEUES'\] must be a dict"),
         ({"URL": ""}, r"settings.DELAYQ\['URL'\] must be a non-empty string"),
         ({"TASKS_MODULE": "my tasks"}, r"TASKS_MODULE'\] must be a module name"),
@@ -36,6 +37,30 @@ from delayq.contrib.django import declare
 def test_a_misconfiguration_is_refused_naming_the_setting(setting: Any, message: str) -> None:
     with override_settings(DELAYQ=setting), pytest.raises(ImproperlyConfigured, match=message):
         dq.queue("a")
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"WORKER": {"concurrency": 0}}, r"settings.DELAYQ\['WORKER'\]\['concurrency'\]: "),
+        ({"WORKER": {"lease": "x"}}, r"settings.DELAYQ\['WORKER'\]\['lease'\]: lease must"),
+        ({"QUEUES": {"a": {"shards": 0}}}, r"DELAYQ\['QUEUES'\]\['a'\]\['shards'\]: shards"),
+        ({"URL": "http://x"}, r"settings.DELAYQ\['URL'\]: unsupported Redis URL scheme 'http'"),
+        (
+            {"QUEUES": {"a": {"URL": "postgres://x"}}},
+            r"settings.DELAYQ\['QUEUES'\]\['a'\]\['URL'\]: unsupported Redis URL scheme",
+        ),
+    ],
+)
+def test_the_check_names_the_key_of_a_refused_option(
+    settings: Any, setting: dict[str, Any], message: str
+) -> None:
+    from delayq.contrib.django.checks import check_setting
+
+    settings.DELAYQ = {**settings.DELAYQ, **setting}
+    errors = check_setting()
+    assert [m.id for m in errors] == ["delayq.E001"], errors
+    assert re.search(message, errors[0].msg), errors[0].msg
 
 
 def test_queue_names_the_queues_there_are(settings: Any) -> None:

@@ -198,11 +198,12 @@ def make_worker(
     names = list(queues) if queues else list(config.queues)
     for name in names:
         config.queue(name)  # an unknown name is refused by name
+    qs = [registry.queue(name) for name in names]
+    worker_options = {**config.worker, **options}
     try:
-        qs = [registry.queue(name) for name in names]
-        worker = Worker(qs[0] if len(qs) == 1 else qs, **{**config.worker, **options})
+        worker = Worker(qs[0] if len(qs) == 1 else qs, **worker_options)
     except ConfigurationError as e:
-        raise ImproperlyConfigured(f"settings.DELAYQ['WORKER'] or its queues: {e}") from None
+        raise conf.refused("DELAYQ['WORKER']", worker_options, e) from None
     found = list(discover() if declarations is None else declarations)
     if require and not any(d.queue is None or d.queue in names for d in found):
         raise ImproperlyConfigured(

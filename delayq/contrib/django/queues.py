@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 from delayq.contrib.django import conf
@@ -144,7 +143,7 @@ def made(cls: type[Any], name: str, kwargs: dict[str, Any]) -> Any:
     try:
         return cls(name, **kwargs)
     except DelayqError as e:  # a bad option of the setting's: say which
-        raise ImproperlyConfigured(f"settings.DELAYQ['QUEUES'][{name!r}]: {e}") from None
+        raise conf.refused(f"DELAYQ['QUEUES'][{name!r}]", kwargs, e) from None
 
 
 registry = Queues()
