@@ -117,7 +117,8 @@ def test_the_same_task_id_again_keeps_the_first_row_as_schedule_keeps_the_first_
     assert relay(min_age=0) == 0 and not OutboxTask.objects.exists()
 
 
-# With USE_TZ = False on SQLite (site_settings_notz): a delay, the relay, and the due time.
+# With USE_TZ = False (site_settings_notz), on SQLite and PostgreSQL: a delay, the relay,
+# and the due time.
 NAIVE = """
 import time
 from datetime import UTC, datetime
@@ -143,14 +144,17 @@ assert later is not None and 59.9 < later.due_at.timestamp() - before < 61, late
 """
 
 
-def test_the_outbox_works_with_use_tz_false_on_sqlite(delayq_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_the_outbox_works_with_use_tz_false(delayq_url: str, tmp_path: Path, db: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="site_settings_notz",
-        SITE_SQLITE=str(tmp_path / "notz.sqlite3"),
-        DELAYQ_REDIS_URL=delayq_url,
-    )
-    for args in (["migrate", "-v", "0"], ["shell", "-c", NAIVE]):
+    env.update(DJANGO_SETTINGS_MODULE="site_settings_notz", DELAYQ_REDIS_URL=delayq_url)
+    steps = [["shell", "-c", NAIVE]]
+    if db == "sqlite":
+        env["SITE_SQLITE"] = str(tmp_path / "notz.sqlite3")
+        steps.insert(0, ["migrate", "-v", "0"])
+    else:  # this test's database, migrated
+        env["SITE_DATABASE"] = connection.settings_dict["NAME"]
+    for args in steps:
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=SITE,
