@@ -159,8 +159,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not more:
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if media is None and body:  # (sent without a Content-Length)
-                raise no_media_type()
+            if media is None or not body:  # (a JSON body skips the checks)
+                check_bare(scope, body, media, declared)
             return body
 
 
@@ -174,6 +174,37 @@ async def drain(receive: Receive, budget: int) -> bool:
         if not message.get("more_body", False):
             return budget >= 0
     return False
+
+
+def check_bare(scope: Scope, body: bytes, media: bytes | None, declared: int) -> None:
+    """Refuse a body with no Content-Type (sent without a Content-Length), or an empty one
+    framed as more (chunked, or a Content-Length the body lacks: see lost_to_upgrade)."""
+    if body:
+        raise no_media_type()
+    if declared != 0:
+        lost_to_upgrade(scope, declared)
+
+
+def lost_to_upgrade(scope: Scope, declared: int) -> None:
+    """Refuse a request offering ``Upgrade: h2c`` whose body the server dropped (it came
+    empty though framed as more): uvicorn's own protocols take such a request for the last
+    HTTP on the connection, so a mounted API served by plain uvicorn sees no body."""
+    upgrade = chunked = False
+    for name, value in scope["headers"]:
+        if name == b"upgrade":
+            upgrade = upgrade or b"h2c" in value.lower()
+        elif name == b"transfer-encoding":
+            chunked = chunked or b"chunked" in value.lower()
+    if upgrade and (declared > 0 or chunked):
+        raise Problem(
+            "bad-request",
+            "the body of this request was lost by the server: the request offers "
+            "'Upgrade: h2c' (the JDK's default HttpClient and curl --http2 do), and uvicorn's "
+            "own HTTP protocols drop the body of such a request. Serve the application with "
+            "delayq's protocol (uvicorn --http delayq.web.protocol:Protocol, or "
+            "uvicorn.run(app, http=delayq.web.protocol.Protocol)), or run `delayq api`; "
+            "or make the client send HTTP/1.1 only (HttpClient.Version.HTTP_1_1, curl --http1.1)",
+        )
 
 
 def no_media_type() -> Problem:

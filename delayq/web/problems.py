@@ -17,6 +17,7 @@ TYPE_BASE = "urn:delayq:problem:"
 
 # type name -> (status, title); the OpenAPI document lists the same table.
 TYPES: dict[str, tuple[int, str]] = {
+    "bad-request": (400, "Malformed request"),
     "unauthorized": (401, "Missing or wrong token"),
     "not-found": (404, "Not found"),
     "method-not-allowed": (405, "Method not allowed"),
