@@ -89,7 +89,26 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _request(name: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+    media: dict[str, Any] = {"schema": _ref(name)}
+    if name in _EXAMPLES:
+        media["example"] = _EXAMPLES[name]
+    return {"required": True, "content": {"application/json": media}}
+
+
+# The bodies the interactive page fills in (Swagger UI's "Try it out"): each one succeeds as
+# it is (without them, it made one from the schema: delay and at both, a random kind).
+_EXAMPLES: dict[str, Any] = {
+    "Task": {"kind": "order.close", "payload": {"order_id": 42}, "delay": "15m"},
+    "Batch": {
+        "tasks": [
+            {"kind": "order.close", "payload": {"order_id": 42}, "delay": "15m"},
+            {"kind": "order.close", "payload": {"order_id": 43}, "delay": "1h"},
+        ]
+    },
+    "Reschedule": {"delay": "30m"},
+    "ExpiringSet": {"value": {"session": 7}, "ttl": "30m"},
+    "ExpiringTouch": {"ttl": "30m"},
+}
 
 
 def _op(
