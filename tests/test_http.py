@@ -238,6 +238,30 @@ async def test_batch_with_a_payload_too_large_writes_nothing(
     assert sq.stats().scheduled == 0
 
 
+async def test_a_batch_s_422_lists_its_too_large_payloads_too(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    """Review of issue 31, item 4: "a 422 listing every error with the task's index" listed
+    only the fields' errors of a batch that also had payloads over max_payload."""
+    tasks: list[dict[str, Any]] = [
+        {"kind": "k", "delay": "nope"},
+        {"kind": "k", "colour": 1},
+        {"kind": "k", "payload": "x" * 70_000},
+        {"kind": "k", "payload": "y" * 70_000},
+        {"kind": "k", "payload": "small"},
+    ]
+    r = await client.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": tasks})
+    doc = problem(r, 422, "invalid")
+    assert [(e["index"], e["pointer"]) for e in doc["errors"]] == [
+        (0, "/tasks/0/delay"),
+        (1, "/tasks/1/colour"),
+        (2, "/tasks/2/payload"),
+        (3, "/tasks/3/payload"),
+    ]
+    assert "max_payload" in doc["errors"][2]["detail"] and "(and 3 more" in doc["detail"]
+    assert sq.stats().scheduled == 0
+
+
 async def test_batch_over_1000_tasks_is_refused_unwritten(
     client: httpx.AsyncClient, qname: str, sq: Queue
 ) -> None:
