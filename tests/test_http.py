@@ -1188,3 +1188,29 @@ async def test_the_document_s_request_examples_succeed_as_sent(
     r = await client.post(f"{base}/expiring/session:7/touch", json=example(path + "/touch", "post"))
     assert r.status_code == 200, r.text
     assert sq.stats().scheduled >= 3
+
+
+async def test_a_path_that_is_not_utf8_is_refused_naming_its_parameter(
+    client: httpx.AsyncClient, qname: str, sq: Queue
+) -> None:
+    """Review of issue 31, item 7: ``/tasks/%FF`` was decoded with U+FFFD and acted on the
+    task whose id is "\\ufffd"."""
+    r = await client.post(
+        f"/v1/queues/{qname}/tasks", json={"kind": "k", "id": "\ufffd", "delay": 3600}
+    )
+    assert r.status_code == 201, r.text
+    for method, path, what in [
+        ("GET", f"/v1/queues/{qname}/tasks/%FF", "the task id"),
+        ("DELETE", f"/v1/queues/{qname}/tasks/%FE", "the task id"),
+        ("PATCH", f"/v1/queues/{qname}/tasks/a%C3", "the task id"),
+        ("DELETE", f"/v1/queues/{qname}/expiring/%FF", "the key"),
+        ("GET", "/v1/queues/q%FF", "the queue name"),
+    ]:
+        doc = problem(await client.request(method, path, json={}), 422, "invalid")
+        assert doc["detail"].startswith(what) and "not UTF-8" in doc["detail"], doc
+        assert "%C3%A9" in doc["detail"]
+    r = await client.get(f"/v1/queues/{qname}/tasks/%FF", headers={"authorization": ""})
+    assert r.status_code == 401  # the token first
+    assert sq.get("\ufffd") is not None  # left alone
+    r = await client.get(f"/v1/queues/{qname}/tasks/%EF%BF%BD")  # U+FFFD itself, in UTF-8
+    assert r.status_code == 200 and r.json()["id"] == "\ufffd"

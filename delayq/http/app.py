@@ -143,7 +143,13 @@ class Api:
         return reply
 
     async def dispatch(self, scope: Scope, receive: Receive) -> Reply:
-        segments = wire.split_path(scope)
+        try:
+            segments = wire.split_path(scope)
+        except UnicodeDecodeError:  # (/tasks/%FF: refused, once the token is checked)
+            segments = wire.split_path(scope, errors="surrogateescape")
+            if segments[:1] == ["v1"]:
+                self.authorize(scope)
+            raise wire.not_utf8(scope, segments, [r[0] for r in self.routes]) from None
         under_v1 = bool(segments) and segments[0] == "v1"
         if under_v1:
             self.authorize(scope)

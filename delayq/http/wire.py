@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope
 
 from delayq.codec import compact_json
 from delayq.http import schemas
-from delayq.http.problems import MEDIA_TYPE, Problem
+from delayq.http.problems import MEDIA_TYPE, Problem, field_error, invalid
 
 DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
 JSON_MEDIA = b"application/json"
@@ -89,21 +89,51 @@ def jsonable(value: Any) -> Any:
 Handler = Callable[[Request], Awaitable[Reply]]
 
 
-def split_path(scope: Scope) -> list[str]:
+def split_path(scope: Scope, errors: str = "strict") -> list[str]:
     """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
-    in an id stays inside its segment)."""
+    in an id stays inside its segment) as UTF-8: UnicodeDecodeError when one is not (with
+    ``errors="strict"``; uvicorn's ``path`` has U+FFFD for such bytes)."""
     raw = scope.get("raw_path")
     if raw is None:  # (an ASGI server may leave it out: the decoded path, then)
         path: str = scope["path"]
         segments = path.split("/")[1:]
     else:
-        segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
+        text = raw.decode("latin-1").split("?", 1)[0]
+        segments = [unquote(s, errors=errors) for s in text.split("/")[1:]]
     root = scope.get("root_path", "").rstrip("/")
     if root:
         head = root.split("/")[1:]
         if segments[: len(head)] == head:
             segments = segments[len(head) :]
     return segments
+
+
+_PARAMS = {"id": "the task id", "key": "the key", "queue": "the queue name"}
+
+
+def not_utf8(scope: Scope, segments: list[str], patterns: list[tuple[str, ...]]) -> Problem:
+    """422 for a path whose percent-decoded bytes are not UTF-8 (``/tasks/%FF``; the
+    ``segments`` decoded with surrogateescape), naming the route's parameter: decoded with
+    U+FFFD, as uvicorn's ``path`` is, it would act on another task, key or queue."""
+    where = "a segment"
+    for pattern in patterns:
+        params = match(pattern, segments) or {}
+        bad = [k for k, v in params.items() if any("\udc80" <= c <= "\udcff" for c in v)]
+        if bad:
+            where = _PARAMS.get(bad[0], bad[0])
+            break
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1").split("?", 1)[0]
+    return invalid(
+        [
+            field_error(
+                "",
+                f"{where} in the path {path!r} is not UTF-8 once percent-decoded: ids, keys "
+                "and queue names are UTF-8 text; percent-encode each of its UTF-8 bytes (é is "
+                "%C3%A9)",
+            )
+        ]
+    )
 
 
 def match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
