@@ -99,7 +99,7 @@ def split_path(scope: Scope, errors: str = "strict") -> list[str]:
         segments = path.split("/")[1:]
     else:
         text = raw.decode("latin-1").split("?", 1)[0]
-        segments = [unquote(s, errors=errors) for s in text.split("/")[1:]]
+        segments = [unquote(s, errors=errors) if "%" in s else s for s in text.split("/")[1:]]
     root = scope.get("root_path", "").rstrip("/")
     if root:
         head = root.split("/")[1:]
