@@ -283,7 +283,7 @@ class Api:
         handle: Callable[[Request, Any, str | None], Awaitable[Reply]],
     ) -> Reply:
         """A POST with an ``Idempotency-Key`` (``idempotency.py``)."""
-        key = idempotency.check_key(raw)
+        key = idempotency.check_key(raw, request.scope)
         data = request.json()
         q = await self.queue(request)
         return await idempotency.answer(q, key, route, data, lambda: handle(request, data, key))

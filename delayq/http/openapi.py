@@ -66,7 +66,7 @@ _BODY_ERRORS = {
 _CONFLICT = {"409": _problem("conflict", "The task is running or finished.")}
 _IN_FLIGHT = {
     "409": _problem(
-        "conflict",
+        "in-flight",
         "A request with this Idempotency-Key is still being answered: send it again later "
         "(Retry-After: 1) to get that request's answer.",
     )

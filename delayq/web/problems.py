@@ -23,6 +23,7 @@ TYPES: dict[str, tuple[int, str]] = {
     "method-not-allowed": (405, "Method not allowed"),
     "request-timeout": (408, "Request not received in time"),
     "conflict": (409, "Conflict with the task's state"),
+    "in-flight": (409, "Idempotency-Key still being answered"),
     "too-large": (413, "Request too large"),
     "unsupported-media-type": (415, "Unsupported media type"),
     "invalid": (422, "Invalid request"),
