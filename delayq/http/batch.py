@@ -7,7 +7,7 @@ from typing import Any
 
 from delayq.codec import encode_payload
 from delayq.errors import InvalidTaskError, PayloadTooLarge
-from delayq.http.problems import Problem, field_error, invalid
+from delayq.http.problems import RESTART, Problem, field_error, invalid
 from delayq.http.schemas import MAX_BATCH
 from delayq.queue import AsyncQueue
 from delayq.spec import TaskSpec
@@ -28,7 +28,7 @@ def refused_payloads(q: AsyncQueue, specs: Sequence[TaskSpec], e: InvalidTaskErr
     if not large:
         return invalid(errors or [field_error("/tasks", str(e))])
     more = f" (and {len(errors) - 1} more: see errors)" if len(errors) > 1 else ""
-    return Problem("too-large", large[0] + more, errors=errors)
+    return Problem("too-large", large[0] + RESTART + more, errors=errors)
 
 
 def with_large_payloads(q: AsyncQueue, data: Any, p: Problem) -> Problem:
