@@ -60,6 +60,11 @@ _COMMON = {
     "503": _problem("unavailable", "Redis is unreachable; nothing was written."),
 }
 _BODY_ERRORS = {
+    "400": _problem(
+        "bad-request",
+        "Not valid HTTP/1.1; or, the API mounted in an application under uvicorn's own "
+        "protocol, a request offering `Upgrade: h2c` whose body the server dropped.",
+    ),
     "413": _problem("too-large", "The body, a payload or the batch is over its limit."),
     "415": _problem("unsupported-media-type", "The body is not JSON."),
 }
