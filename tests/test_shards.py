@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 
 from delayq import AsyncQueue, ConfigurationError, InvalidTaskError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
@@ -129,6 +130,23 @@ def test_bad_shard_counts(server: EmbeddedServer) -> None:
     for bad in (0, -1, 1025, 2.5, True):
         with pytest.raises(ConfigurationError, match="shards must be a whole number from 1 to"):
             Queue("q", url=server.url, shards=bad)  # type: ignore[arg-type]
+
+
+def test_shards_stored_refuses_a_stored_count_delayq_never_writes(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """Review of issue 31 (cosmetic): a stored count over max_shards was refused by
+    shards="stored" as if the caller had passed it ("shards must be ..."); the message is
+    now the Node client's: the queue stored it, and delayq did not write it."""
+    r = redis.Redis(port=server.port)
+    try:
+        r.hset(f"dq:{{{qname}}}:shards", "n", "2000")
+    finally:
+        r.close()
+    with pytest.raises(ConfigurationError) as e:
+        Queue(qname, url=server.url, shards="stored")
+    assert f"queue {qname!r} stored a shard count of 2000" in str(e.value)
+    assert "not written by delayq" in str(e.value) and "1024" in str(e.value)
 
 
 def test_stats_and_next_due_across_shards(server: EmbeddedServer, qname: str) -> None:

@@ -77,7 +77,7 @@ def rfc3339(text: str) -> datetime:
         try:
             when -= sign * timedelta(hours=hours, minutes=minutes)
         except OverflowError:  # past what datetime holds (year 1 or 9999 in UTC): its end
-            when = (datetime.max if sign < 0 else datetime.min).replace(tzinfo=UTC)
+            return (datetime.max if sign < 0 else datetime.min).replace(tzinfo=UTC)
     return when.replace(microsecond=micros)
 
 
@@ -87,14 +87,20 @@ _LAST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 def _at(value: str) -> datetime:
     """``at``: an RFC 3339 time whose year is 1970 to 9999 (the Python API's range). Such a
-    time that is still before the epoch or after the year 9999 in UTC (by its offset) is
-    taken as the epoch or the last second of 9999: as due, either way."""
+    time that is still before the epoch in UTC (by its offset) is taken as the epoch (due
+    now); one after 9999-12-31T23:59:59Z, the latest due time stored, is refused (clamped, it
+    would be due up to a second before the time asked for)."""
     when = rfc3339(value)
     if not 1970 <= int(value[:4]) <= 9999:
         raise InvalidTaskError(
             f"at {value!r} is outside the years 1970 to 9999; is the year right?"
         )
-    when = min(max(when, _FIRST), _LAST)
+    if when > _LAST:
+        raise InvalidTaskError(
+            f"at {value!r} is after 9999-12-31T23:59:59Z (in UTC), the latest due time delayq "
+            "stores: send that time or an earlier one"
+        )
+    when = max(when, _FIRST)
     at_ms(when)  # the Python API's own check
     return when
 
