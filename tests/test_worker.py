@@ -221,6 +221,26 @@ def test_async_handler_timeout_counts_as_failure(queue: Queue, run_worker: Any) 
         wait_for(lambda: state(queue, "s1") == "dead")
     info = queue.get("s1")
     assert info is not None and "TimeoutError" in (info.last_error or "")
+    # The worker's own error, one line with no frames, as a sync handler's timeout (found by
+    # the review of issue 32: asyncio's frames and a bare TimeoutError were stored).
+    assert "took longer than its timeout of 0.1 s" in (info.last_error or "")
+    assert "Traceback" not in (info.last_error or "")
+
+
+async def test_an_async_handler_s_own_timeout_error_is_its_own(
+    queue: Queue, run_worker: Any
+) -> None:
+    worker = Worker(queue)
+
+    @worker.handler("own", timeout=5, max_attempts=1)
+    async def own(task: Task) -> None:
+        raise TimeoutError("the upstream call timed out")
+
+    with run_worker(worker):
+        queue.schedule("own", None, task_id="o1")
+        await asyncio.to_thread(wait_for, lambda: state(queue, "o1") == "dead")
+    info = queue.get("o1")
+    assert info is not None and "the upstream call timed out" in (info.last_error or "")
 
 
 def test_lost_lease_cancels_async_handler_and_its_ack_is_refused(

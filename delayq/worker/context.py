@@ -224,7 +224,12 @@ class WorkerContext:
             coro = handler.fn(arg)
             if timeout is None:
                 return await coro
-            return await asyncio.wait_for(coro, timeout)
+            try:
+                return await asyncio.wait_for(coro, timeout)
+            except TimeoutError as e:
+                if not isinstance(e.__cause__, asyncio.CancelledError):
+                    raise  # the function's own TimeoutError: wait_for's comes from cancelling
+                raise TimeoutError(f"{what} took longer than its timeout of {timeout} s") from None
         job = self.threads.submit(handler.fn, arg)
         overran: float | None = None
         try:
