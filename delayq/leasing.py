@@ -351,7 +351,8 @@ def handback(
         "first_ms": first_ms,
         "most_ms": most_ms,
     }
-    return core.op("handback", args, rest, _handback_rows)
+    key = _history(core, args, [], now_ms)  # a burial counts as dead in the history
+    return core.op("handback", args, rest, _handback_rows, key)
 
 
 def _handback_rows(r: Any) -> list[tuple[str, int, int]]:

@@ -162,3 +162,23 @@ def test_the_dashboard_shows_kinds_no_live_worker_handles(queue: Queue, run_work
     html = page.text
     assert 'id="unknown-kinds"' in html and "handed back: no handler for the kind" in html
     assert 'id="unhandled"' in html and "<code>new.kind</code>" in html
+
+
+def test_a_burial_after_the_grace_counts_as_dead_in_the_dashboard_s_history(
+    queue: Queue, run_worker: Any
+) -> None:
+    """handback.lua buried such tasks itself, and only ack, retry and bury wrote the history:
+    the queue's page said "0 dead" beside a dead count of 3 (found by the review of issue
+    32)."""
+    from delayq.admin import Admin
+
+    start = time.time() // 60
+    for i in range(3):
+        queue.schedule("nobody", {}, task_id=f"u{i}")
+    with run_worker(known(queue, unknown_kind_grace=0)):
+        wait_for(lambda: queue.stats().dead == 3)
+    end = time.time() // 60
+    with Admin(queue.url, queues=[queue.name]) as admin:
+        history = admin.history(queue.name)
+    bars = history.bars(1, int(end - start) + 1)
+    assert sum(m.dead for m in bars) == 3
