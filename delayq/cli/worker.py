@@ -171,8 +171,8 @@ RECYCLE_ENV = "DELAYQ_RECYCLE_STUCK"
     default=None,
     envvar=METRICS_PORT_ENV,
     show_envvar=True,
-    help="Serve Prometheus metrics on this port (/metrics); with --processes, the "
-    "supervisor serves every worker process's there.",
+    help="Serve Prometheus metrics (/metrics) and the pod's probes (/livez, /readyz) on "
+    "this port; with --processes, the supervisor serves every worker process's there.",
 )
 @click.option(
     "--metrics-host",
