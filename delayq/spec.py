@@ -373,8 +373,10 @@ class TaskType(Generic[P, R]):
             lists ("Typed tasks"): any other is refused here, naming the field.
         result: the type of what its handler returns (default ``None``); kept for typing
             now (results are not stored yet).
-        max_attempts, backoff, jitter, timeout: defaults of the handler's options
-            (``Worker.handler``'s, which win when given).
+        max_attempts: the default of the handler's option (``Worker.handler``'s wins).
+        backoff: the default of the handler's option (``Worker.handler``'s wins).
+        jitter: the default of the handler's option (``Worker.handler``'s wins).
+        timeout: the default of the handler's option (``Worker.handler``'s wins).
 
     Raises:
         ConfigurationError: a payload type (or field) delayq cannot check, or a bad option.
