@@ -193,6 +193,7 @@ def test_a_lease_is_not_extended_while_its_result_cannot_be_written(
             "attempts",
             "shards",
             "control",
+            "prio",  # (the claim declares the priority index: issue 33)
             "wake",
         )
     ]

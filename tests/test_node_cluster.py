@@ -319,15 +319,18 @@ def test_node_follows_ask_and_tryagain_while_the_queues_slot_is_migrating(
     target = next(p for p in cluster3.primaries() if p is not source)
     with Queue(qname, url=cluster3.url) as queue:
         queue.schedule("k", 1, task_id="a", delay=60)
-        scheduled = queue.shards.home.keys.scheduled
+        # reschedule also declares the priority index (protocol 1.1): one task with a
+        # priority makes it exist, to move beside the scheduled set.
+        queue.schedule("k", 0, task_id="p", delay=60, priority=5)
+        scheduled, prio = queue.shards.home.keys.scheduled, queue.shards.home.keys.prio
     session = NodeSteps(
         node,
         cluster3.url,
         f"""
         const q = new delayq.Queue({json.dumps(qname)});
         await step((await q.get('a')).state);  // the queue checked, before the slot moves
-        // reschedule touches one key, the scheduled set: the source answers ASK, and the
-        // target runs it once the script is loaded there.
+        // reschedule touches the scheduled set and the priority index, both moved: the
+        // source answers ASK, and the target runs it once the script is loaded there.
         const moved = await q.reschedule('a', {{ delay: 120 }});
         say(moved);
         // schedule's keys are on both sides: TRYAGAIN until the migration is finished.
@@ -340,13 +343,13 @@ def test_node_follows_ask_and_tryagain_while_the_queues_slot_is_migrating(
     try:
         with session:
             assert session.read() == "scheduled"
-            # Half-way through a migration: the scheduled set is on the target, the rest
-            # still on the source; the target has no scripts.
+            # Half-way through a migration: the scheduled set and the priority index are on
+            # the target, the rest still on the source; the target has no scripts.
             with source.client() as s, target.client() as d:
                 d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
                 s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
                 s.execute_command(
-                    "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", scheduled
+                    "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", scheduled, prio
                 )
                 d.script_flush()
             asks, tries = _errors(source, "ASK"), _errors(source, "TRYAGAIN")
@@ -367,7 +370,7 @@ def test_node_follows_ask_and_tryagain_while_the_queues_slot_is_migrating(
     assert out["info"]["state"] == "scheduled" and out["info"]["payload"] == 1
     with Queue(qname, url=cluster3.url) as queue:
         b = queue.get("b")
-        assert b is not None and b.payload == 2 and queue.stats().scheduled == 2
+        assert b is not None and b.payload == 2 and queue.stats().scheduled == 3
 
 
 def test_node_takes_only_one_way_to_connect_and_reads_a_cluster_url_as_python_does(
