@@ -16,6 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq import check, controls, hooks
+from delayq.codec import DEFAULT_MAX_RESULT, KeepFinished
 from delayq.connection import check_client, resolve_url
 from delayq.controls import Controls, RateLimit
 from delayq.core import MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
@@ -192,6 +193,8 @@ class QueueBase(Generic[C]):
         durable_replicas: int = 0,
         clock: Clock | None = None,
         before_schedule: Iterable[BeforeSchedule] = (),
+        keep_finished: KeepFinished = "tombstone",
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> None:
         what = "functions (spec) -> TaskSpec | None"
         self.before_schedule: list[BeforeSchedule] = check.many(
@@ -217,7 +220,11 @@ class QueueBase(Generic[C]):
         # The settings the queue's producers share (delayq/settings.py): None, not given,
         # follows the queue's stored one, else the default; one given must agree with it.
         options: dict[str, Any] = dict(
-            prefix=prefix, given=given(dedupe_window, max_payload, codec), clock=clock
+            prefix=prefix,
+            given=given(dedupe_window, max_payload, codec),
+            clock=clock,
+            keep_finished=keep_finished,
+            max_result=max_result,
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home

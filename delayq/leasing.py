@@ -249,10 +249,20 @@ def ack(
     discarded: bool = False,
     trim_limit: int | None = None,
     now_ms: int | None = None,
+    finished: Sequence[tuple[str, str]] | None = None,
 ) -> Op[list[str]]:
+    """Record tasks as done. ``finished``: per lease, (kind, result): the kind for its
+    tombstone ("": read from its record) and what its handler returned, as JSON text ("":
+    nothing); none given: ("", "") each."""
     # Each call forgets up to twice the records it adds (at least 20): under any sustained
     # load, finished records leave once their dedupe window has passed instead of piling up.
     trim = trim_limit if trim_limit is not None else max(20, 2 * len(leases))
+    if finished is None:
+        rest: list[Arg] = [x for i, t in leases for x in (i, t, "", "")]
+    else:
+        if len(finished) != len(leases):
+            raise ValueError("ack needs one (kind, result) per lease")
+        rest = [x for (i, t), (k, r) in zip(leases, finished, strict=True) for x in (i, t, k, r)]
     return core.op(
         "ack",
         {
@@ -260,8 +270,10 @@ def ack(
             "dedupe_ms": core.dedupe_ms,
             "counter": "discarded" if discarded else "succeeded",
             "trim_limit": trim,
+            "keep": "1" if core.keep_finished == "record" else "",
+            "channel": core.keys.finished_channel,
         },
-        _flat(leases),
+        rest,
         _ids,
     )
 
@@ -281,7 +293,8 @@ def bury(
     """items: (id, token, reason); the reason is escaped (text.escape). An id may be the raw
     bytes of an :class:`Unreadable` row; the ids refused come back as text (``\\xNN``)."""
     rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
-    return core.op("bury", {"now": core.now_arg(now_ms)}, rest, _ids)
+    args: dict[str, Arg] = {"now": core.now_arg(now_ms), "finished": core.keys.finished_channel}
+    return core.op("bury", args, rest, _ids)
 
 
 def release(

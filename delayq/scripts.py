@@ -364,6 +364,7 @@ NAMES = (
     "replay",
     "purge",
     "get",
+    "wait",
     "stats",
     "dead",
     "unregister",

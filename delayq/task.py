@@ -272,7 +272,14 @@ class TaskInfo:
     """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it.
 
     ``finished_at`` is when a done task finished, a dead one died or an aborted one was
-    aborted."""
+    aborted.
+
+    A done or aborted task keeps, by default, only a tombstone for the queue's dedupe window
+    (``Queue(..., keep_finished="tombstone")``): its ``state``, ``finished_at``,
+    ``attempts`` and ``kind``, its ``due_at`` (its last run's, to the millisecond) and its
+    ``result``. Its ``payload`` is then None, ``max_attempts`` 0, ``created_at`` None,
+    ``headers`` empty and ``last_error`` None. A queue made with
+    ``keep_finished="record"`` keeps whole records instead."""
 
     id: str
     kind: str
@@ -288,6 +295,8 @@ class TaskInfo:
     queue: str = ""
     # What the producer attached (schedule(..., headers=)); {} for none.
     headers: dict[str, str] = field(default_factory=dict)
+    # What a done task's handler returned (JSON-decoded); None when it returned None.
+    result: Any = None
 
 
 @dataclass(frozen=True)

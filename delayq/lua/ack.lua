@@ -6,32 +6,63 @@
 -- KEYS[5] stats
 -- KEYS[6] attempts
 -- KEYS[7] xkeys
+-- KEYS[8] results
+-- KEYS[9] waits
+-- KEYS[10] kinds
 -- ARGV[1] now         ms, or "" for the server's TIME
--- ARGV[2] dedupe_ms   keep the finished record this long (0: delete it now)
+-- ARGV[2] dedupe_ms   keep the finished task this long (0: delete it now)
 -- ARGV[3] counter     stats counter to add to: "succeeded" or "discarded"
--- ARGV[4] trim_limit  delete at most this many records whose dedupe window has passed
--- ARGV[5...] leases   pairs: id, lease token
+-- ARGV[4] trim_limit  delete at most this many tasks whose dedupe window has passed
+-- ARGV[5] keep        "1": keep the whole record; else a tombstone takes its place
+-- ARGV[6] channel     the finished channel: ids someone waits for are published there
+-- ARGV[7...] leases   quadruples: id, lease token, kind (for the tombstone; "": read from the
+--                     record), result (JSON text; "" for none)
 -- REPLY per refused {id}
 -- Returns: the ids whose ack was refused because the lease was lost (expired or taken over).
+--@include announce
 --@include argv
 --@include clock
 --@include forget
 --@include lease
+--@include record
 --@include time_text
+--@include tombstone
+--@include tombstone_read
 --@include trim
 --@include unwatch
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
-local ids, tokens = dq_columns(REST, 2)
-local heads = dq_held(K, ids, tokens, now, true)
-local refused, acked, scored, na, nr = {}, {}, {}, 0, 0
+local ids, tokens, kinds, results = dq_columns(REST, 4)
+local heads, entries = dq_held(K, ids, tokens, now, true)
+local refused, acked, acked_at, scored, na, nr = {}, {}, {}, {}, 0, 0
+local tombs, kept, bare, nk, nb = {}, {}, {}, 0, 0
+local tombstones = A.keep ~= '1'
+local codes = {}
 local stamp = dq_ms(now)  -- the done set's score, formatted once rather than per task
 for j, id in ipairs(ids) do
   if heads[j] then
     na = na + 1
     acked[na] = id
+    acked_at[na] = j
     scored[2 * na - 1] = stamp
     scored[2 * na] = id
+    if tombstones then
+      tombs[2 * na - 1] = id
+      local kind = kinds[j]
+      if kind == '' then
+        local h = dq_split(redis.call('HGET', K.tasks, id) or '')
+        kind = (h and h.k) or '?'
+      end
+      tombs[2 * na] = dq_tombstone(K, entries[j], now, kind, codes)
+    end
+    if results[j] ~= '' then
+      nk = nk + 2
+      kept[nk - 1] = id
+      kept[nk] = results[j]
+    else
+      nb = nb + 1
+      bare[nb] = id
+    end
   else
     nr = nr + 1
     refused[nr] = id
@@ -41,13 +72,29 @@ if na > 0 then
   redis.call('ZREM', K.active, unpack(acked))
   if dedupe > 0 then
     redis.call('ZADD', K.done, unpack(scored))
+    if tombstones then
+      redis.call('HSET', K.tasks, unpack(tombs))
+      redis.call('HDEL', K.attempts, unpack(acked))
+      redis.call('HDEL', K.errors, unpack(acked))
+    end
+    if nk > 0 then redis.call('HSET', K.results, unpack(kept)) end
+    -- A result an earlier run of the same id left (re-created after its window) goes.
+    if nb > 0 and redis.call('EXISTS', K.results) == 1 then
+      redis.call('HDEL', K.results, unpack(bare))
+    end
   else
     dq_forget(K, acked)
     dq_unwatch(K, acked)
   end
   redis.call('HINCRBY', K.stats, A.counter, na)
+  dq_announce(K, A.channel, acked, function(j)
+    if not tombstones or dedupe <= 0 then return nil end  -- read with get
+    local result = results[acked_at[j]]
+    return {acked[j], 'done', stamp, dq_tombstone_read(K, tombs[2 * j]), false, false,
+      result ~= '' and result or false}
+  end)
 end
 
--- Forget finished records whose dedupe window has passed, a few per call.
+-- Forget finished tasks whose dedupe window has passed, a few per call.
 dq_trim_finished(K, K.done, now - dedupe, tonumber(A.trim_limit))
 return refused

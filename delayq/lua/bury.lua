@@ -6,24 +6,29 @@
 -- KEYS[4] errors
 -- KEYS[5] stats
 -- KEYS[6] attempts
+-- KEYS[7] waits
 -- ARGV[1] now        ms, or "" for the server's TIME
--- ARGV[2...] tasks   triples: id, lease token, reason
+-- ARGV[2] finished   the finished channel: ids someone waits for are published there
+-- ARGV[3...] tasks   triples: id, lease token, reason
 -- REPLY per refused {id}
 -- Returns: the ids refused because the lease was lost.
+--@include announce
 --@include argv
 --@include bury
 --@include clock
 --@include lease
 local now = dq_now(A.now)
-local refused = {}
+local refused, buried = {}, {}
 local ids, tokens, reasons = dq_columns(REST, 3)
 local heads = dq_held(K, ids, tokens, now, true)
 for j, id in ipairs(ids) do
   if heads[j] then
     redis.call('ZREM', K.active, id)
     dq_bury(K, id, now, reasons[j])
+    buried[#buried + 1] = id
   else
     refused[#refused + 1] = id
   end
 end
+dq_announce(K, A.finished, buried, nil)
 return refused

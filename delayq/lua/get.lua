@@ -1,4 +1,5 @@
--- get: one task's state, score, record and last error (read-only).
+-- get: one task's state, score, record (or a finished task's tombstone), last error and
+-- result (read-only).
 -- KEYS[1] scheduled
 -- KEYS[2] active
 -- KEYS[3] dead
@@ -7,18 +8,17 @@
 -- KEYS[6] errors
 -- KEYS[7] attempts
 -- KEYS[8] aborted
+-- KEYS[9] results
+-- KEYS[10] kinds
 -- ARGV[1] id
--- REPLY {state, score, record, error, attempt} | nil
+-- REPLY {state, score, record, error, attempt, result} | nil
 -- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
---          <due>") or false} or false when the id is unknown.
+--          <due>") or false, result or false} or false when the id is unknown.
 --          score: due time (scheduled), lease deadline (active), time of death, finish or
---          abort.
-local rec = redis.call('HGET', K.tasks, A.id)
-if not rec then return false end
-local err = redis.call('HGET', K.errors, A.id)
-local attempt = redis.call('HGET', K.attempts, A.id)
-for _, state in ipairs({'scheduled', 'active', 'dead', 'done', 'aborted'}) do
-  local score = redis.call('ZSCORE', K[state], A.id)
-  if score then return {state, score, rec, err, attempt} end
-end
-return false
+--          abort. record: a done or aborted task's tombstone ("<attempts> <ms from its last
+--          due time to its finish> <kind>", starting with a digit) unless the queue keeps
+--          whole records (protocol 1.1). result (protocol 1.1): what a done task's handler
+--          returned, JSON text. A 1.0 caller reads the first five alone: they are where they
+--          were.
+--@include lookup
+return dq_lookup(K, A.id)

@@ -6,23 +6,25 @@
 -- KEYS[4] errors
 -- KEYS[5] attempts
 -- KEYS[6] aborted
+-- KEYS[7] kinds
 -- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
 -- ARGV[2] state  "scheduled", "done" or "aborted": the set they are in
--- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
+-- ARGV[3...] tasks  put: quintuples id, score, record (a tombstone as get replies it), last error ("": none), attempt
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
 --@include forget
+--@include tombstone_store
 if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
 end
 local set = K[A.state]
 if A.mode == 'put' then
-  local n = 0
+  local n, codes = 0, {}
   for i = REST, #ARGV - 4, 5 do
     local id = ARGV[i]
     redis.call('ZADD', set, ARGV[i + 1], id)
-    redis.call('HSET', K.tasks, id, ARGV[i + 2])
+    redis.call('HSET', K.tasks, id, dq_tombstone_store(K, ARGV[i + 2], codes))
     if ARGV[i + 3] ~= '' then
       redis.call('HSET', K.errors, id, ARGV[i + 3])
     else

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delayq.backoff import delay_for
-from delayq.codec import Codec, RecordError, decode_headers, decode_payload
+from delayq.codec import Codec, RecordError, decode_headers, decode_payload, encode_result
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.task import Task
@@ -83,6 +83,7 @@ class Executor:
         self.registry = ctx.registry
         self.queue = ctx.core.name
         self.codecs = ctx.core.codecs
+        self.max_result = ctx.core.max_result
         self.events = ctx.events
         self.invoke = ctx.invoke
         self.call = ctx.call  # without the middleware: for the internal handlers
@@ -211,11 +212,11 @@ class Executor:
             self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
         try:
             if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
-                await handler.fn(task)  # the usual case, one coroutine frame fewer
+                value = await handler.fn(task)  # the usual case, one coroutine frame fewer
             elif handler.internal:  # cron, expiry: they invoke the user's function themselves
-                await self.call(handler, task)
+                value = await self.call(handler, task)
             else:
-                await self.invoke(handler, task)
+                value = await self.invoke(handler, task)
         except asyncio.CancelledError as e:
             if _cancelled_by_us():
                 self._stopped(claimed, task, time.perf_counter() - t0)
@@ -228,9 +229,22 @@ class Executor:
                 self.emit("aborted", claimed, duration=time.perf_counter() - t0)
                 raise asyncio.CancelledError(f"task {task.id} was aborted") from None
             return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
+        if value is not None and not handler.internal:
+            return await self._returned(task, claimed, value, time.perf_counter() - t0)
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind)
+
+    async def _returned(self, task: Task, claimed: Claimed, value: Any, took: float) -> Outcome:
+        """A handler returned ``value``: kept as its result, or dead when it cannot be (not
+        JSON, or over the queue's max_result)."""
+        try:
+            result = encode_result(value, self.max_result)
+        except InvalidTaskError as e:
+            return await self._bury(task, claimed, str(e), took)
+        if self.events.listeners:
+            self.emit("succeeded", claimed, duration=took)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind, result)
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -252,7 +266,7 @@ class Executor:
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self.emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token, "", "", claimed.shard)
+            return Outcome("discard", task.id, task.token, "", "", claimed.shard, task.kind)
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         text = "".join(traceback.format_exception(e)) if unexpected else v.error
         if v.failed:

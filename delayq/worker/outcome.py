@@ -38,12 +38,15 @@ class Outcome(NamedTuple):
     due: str = ""  # retry: due spec; release: new due spec ("" keeps the due time)
     text: str = ""  # retry: error; bury: reason
     shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
+    kind: str = ""  # ack, discard: the task's kind, for its tombstone
+    result: str = ""  # ack: what the handler returned, as JSON text ("" for None)
 
 
 def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
     leases = [(o.id, o.token) for o in items]
     if action in ("ack", "discard"):
-        return leasing.ack(core, leases, discarded=action == "discard")
+        finished = [(o.kind, o.result) for o in items]
+        return leasing.ack(core, leases, discarded=action == "discard", finished=finished)
     if action == "retry":
         return leasing.retry(core, [(o.id, o.token, o.due, o.text) for o in items])
     if action == "bury":
