@@ -36,6 +36,9 @@ FINISHED = frozenset(("done", "dead", "aborted"))
 # id hands it on soon after the message it waited for was read.
 TURN_S = 0.25
 MAX_WAIT_S = 86_400.0 * 366
+# Script calls of one async queue's waits at once: a thousand waits gathered take turns
+# rather than ask the client's pool for a thousand connections (it has 100 by default).
+CALLS_AT_ONCE = 16
 
 
 def wait_ms(timeout: float) -> int:
@@ -220,7 +223,12 @@ class AsyncWaits:
         self._client = client
         self._board = _Board(core_of)
         self._lock = asyncio.Lock()
+        self._calls = asyncio.Semaphore(CALLS_AT_ONCE)
         self._pubsub: Any = None
+
+    async def _run(self, run: Callable[[Any], Any], op: Op[TaskInfo | None]) -> TaskInfo | None:
+        async with self._calls:
+            return await run(op)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         async with self._lock:
@@ -270,12 +278,12 @@ class AsyncWaits:
             async with self._lock:
                 await self._subscribe(channel)
                 lost = board.lost
-            info = await run(wait_op(core, tid, for_ms))
+            info = await self._run(run, wait_op(core, tid, for_ms))
             while True:
                 if info is None:
                     raise unknown(tid, core.name)
                 if info.state in FINISHED:
-                    return info  # type: ignore[no-any-return]
+                    return info
                 left = end - loop.time()
                 if left <= 0:
                     break
@@ -298,12 +306,12 @@ class AsyncWaits:
                 if got and message is not None:
                     info = message
                 elif got or relook:
-                    info = await run(core.get(tid))
-            info = await run(core.get(tid))
+                    info = await self._run(run, core.get(tid))
+            info = await self._run(run, core.get(tid))
             if info is None:
                 raise unknown(tid, core.name)
             if info.state in FINISHED:
-                return info  # type: ignore[no-any-return]
+                return info
             raise TimeoutError(
                 f"task {tid!r} of queue {core.name!r} is still {info.state} after {timeout} s"
             )
