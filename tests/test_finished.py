@@ -70,7 +70,7 @@ def test_a_done_task_keeps_a_tombstone_or_its_whole_record(
         assert queue.client.hget(k.attempts, "o42") is None
     else:
         assert info.payload == {"order": 42} and info.created_at is not None
-        assert raw.startswith(b"{") and queue.client.hget(k.attempts, "o42") is not None
+        assert raw[:1] == b"{" and queue.client.hget(k.attempts, "o42") is not None
     # Within the dedupe window the id is still known: a duplicate is refused.
     assert queue.schedule("order.close", {"order": 43}, task_id="o42").status == "unchanged"
     queue.close()
