@@ -58,12 +58,15 @@ def server_side(rep: Report, n: int) -> None:
             r, run = client(srv.url), SyncRunner(q.client)
             r.config_resetstat()
             held: list[tuple[str, int]] = []
+            kinds: list[tuple[str, str]] = []  # (kind, result) per task, as a worker acks
             while got := run.run(leasing.claim(q.core, limit=batch, lease_ms=60_000)).tasks:
                 held += [(c.id, c.token) for c in got]
+                kinds += [(c.header.kind, "") for c in got]
             claim_us = _script_us(r) / len(held)
             r.config_resetstat()
             for i in range(0, len(held), batch):
-                run.run(leasing.ack(q.core, held[i : i + batch]))
+                part = kinds[i : i + batch]
+                run.run(leasing.ack(q.core, held[i : i + batch], finished=part))
             ack_us = _script_us(r) / len(held)
             r.zadd("floor:due", {f"t{i}": 0 for i in range(n)})
             sha = r.script_load(FLOOR_CLAIM)
@@ -136,7 +139,8 @@ def worker_side(rep: Report, n: int) -> None:
 
     from delayq.connection import hiredis_packing
 
-    ack = outcome_op(core, "ack", [Outcome("ack", f"t{i}", i) for i in range(1000)])
+    acks = [Outcome("ack", f"t{i}", i, kind="noop") for i in range(1000)]
+    ack = outcome_op(core, "ack", acks)
     conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     t0 = time.process_time()
     for _ in range(20):

@@ -278,7 +278,7 @@ class TaskInfo:
     (``Queue(..., keep_finished="tombstone")``): its ``state``, ``finished_at``,
     ``attempts`` and ``kind``, its ``due_at`` (its last run's, to the millisecond) and its
     ``result``. Its ``payload`` is then None, ``max_attempts`` 0, ``created_at`` None,
-    ``headers`` empty and ``last_error`` None. A queue made with
+    ``headers`` empty (``last_error`` stays: an earlier attempt's, if one failed). A queue made with
     ``keep_finished="record"`` keeps whole records instead."""
 
     id: str

@@ -461,6 +461,19 @@ async def handle_async(task: Task[CloseOrder]) -> None:
 @worker.handler("plain")
 def plain(task: Task) -> None:
     print(task.payload["anything"])
+
+
+closed = TaskType("order.closed", CloseOrder, result=str)
+
+
+@worker.handler(closed)
+def closing(task: Task[CloseOrder]) -> str:
+    return f"closed {task.payload.order_id}"
+
+
+@worker.handler(closed)
+async def closing_async(task: Task[CloseOrder]) -> str:
+    return "closed"
 """
 
 # What mypy says of a payload not of the type: the payload type is inferred from both
@@ -473,7 +486,10 @@ BAD = {
     "@worker.handler(close_order)\ndef nope(task: Task[CloseOrder]) -> None:\n"
     "    print(task.payload.nope)": '"CloseOrder" has no attribute "nope"  [attr-defined]',
     "@worker.handler(close_order)\ndef other(task: Task[Reminder]) -> None:\n"
-    "    print(task.payload)": 'expected "Callable[[Task[CloseOrder]], None]"  [arg-type]',
+    "    print(task.payload)": '"Callable[[Task[Reminder]], None]"; expected "Callable[[Task',
+    # The handler's return is checked against the TaskType's result type.
+    "@worker.handler(closed)\ndef counts(task: Task[CloseOrder]) -> int:\n"
+    "    return 1": '"Callable[[Task[CloseOrder]], int]"; expected "Callable[[Task',
 }
 
 

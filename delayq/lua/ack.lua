@@ -75,7 +75,6 @@ if na > 0 then
     if tombstones then
       redis.call('HSET', K.tasks, unpack(tombs))
       redis.call('HDEL', K.attempts, unpack(acked))
-      redis.call('HDEL', K.errors, unpack(acked))
     end
     if nk > 0 then redis.call('HSET', K.results, unpack(kept)) end
     -- A result an earlier run of the same id left (re-created after its window) goes.

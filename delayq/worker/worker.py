@@ -55,6 +55,7 @@ from delayq.worker.threads import HandlerThreads
 
 P = TypeVar("P")  # a typed task's payload type
 T = TypeVar("T")  # what its handler returns
+R = TypeVar("R")  # a typed task's result type (TaskType[P, R]): what its handler returns
 
 if TYPE_CHECKING:
     from delayq.worker.features.cron import Schedules
@@ -144,7 +145,7 @@ class Worker:
     @overload
     def handler(
         self,
-        kind: TaskType[P, Any],
+        kind: TaskType[P, R],
         *,
         max_attempts: int | None = None,
         backoff: Any = None,
@@ -152,7 +153,9 @@ class Worker:
         timeout: float | timedelta | None = None,
         concurrency: int | None = None,
         queue: QueueLike | str | None = None,
-    ) -> Callable[[Callable[[Task[P]], T]], Callable[[Task[P]], T]]: ...
+    ) -> Callable[
+        [Callable[[Task[P]], R | Awaitable[R]]], Callable[[Task[P]], R | Awaitable[R]]
+    ]: ...
 
     @overload
     def handler(
