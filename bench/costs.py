@@ -19,7 +19,7 @@ from typing import Any
 from common import Report, client, fresh_server
 
 from delayq import Queue, TaskSpec, Worker, leasing
-from delayq.codec import Header
+from delayq.codec import Header, tombstone_prefix
 from delayq.connection import async_client
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner, SyncRunner
@@ -58,10 +58,14 @@ def server_side(rep: Report, n: int) -> None:
             r, run = client(srv.url), SyncRunner(q.client)
             r.config_resetstat()
             held: list[tuple[str, int]] = []
-            kinds: list[tuple[str, str]] = []  # (kind, result) per task, as a worker acks
+            kinds: list[tuple[str, str, str]] = []  # per task, as a worker acks
             while got := run.run(leasing.claim(q.core, limit=batch, lease_ms=60_000)).tasks:
                 held += [(c.id, c.token) for c in got]
-                kinds += [(c.header.kind, "") for c in got]
+                now = time.time() * 1000
+                kinds += [
+                    (tombstone_prefix(c.header.attempts, c.header.due_ms, now), c.header.kind, "")
+                    for c in got
+                ]
             claim_us = _script_us(r) / len(held)
             r.config_resetstat()
             for i in range(0, len(held), batch):
@@ -139,7 +143,7 @@ def worker_side(rep: Report, n: int) -> None:
 
     from delayq.connection import hiredis_packing
 
-    acks = [Outcome("ack", f"t{i}", i, kind="noop") for i in range(1000)]
+    acks = [Outcome("ack", f"t{i}", i, kind="noop", tomb="1 3 ") for i in range(1000)]
     ack = outcome_op(core, "ack", acks)
     conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     t0 = time.process_time()

@@ -22,6 +22,7 @@ import time
 from common import Report, client, fresh_server, short_version
 
 from delayq import Queue, TaskSpec, leasing
+from delayq.codec import tombstone_prefix
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS
 
@@ -144,7 +145,11 @@ def finished(rep: Report, flavour: str, keep: str, n: int) -> None:
             run = SyncRunner(q.client)
             while got := run.run(leasing.claim(q.core, limit=500, lease_ms=600_000)).tasks:
                 leases = [(c.id, c.token) for c in got]
-                kinds = [(c.header.kind, "") for c in got]
+                now = time.time() * 1000
+                kinds = [
+                    (tombstone_prefix(c.header.attempts, c.header.due_ms, now), c.header.kind, "")
+                    for c in got
+                ]
                 run.run(leasing.ack(q.core, leases, finished=kinds))
             keys = q.core.keys
             id_len = len(ids[0])

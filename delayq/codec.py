@@ -438,6 +438,15 @@ def encode_result(value: Any, max_result: int) -> str:
     return text
 
 
+def tombstone_prefix(attempt: int, due_ms: float | None, now_ms: float) -> str:
+    """A tombstone's first two fields as the worker sends them with its ack, the script
+    adding the kind's code: ``"<attempt> <ms from due to now> "`` (the middle empty for no
+    due time)."""
+    if due_ms is None:
+        return f"{attempt}  "
+    return f"{attempt} {round(now_ms - due_ms)} "
+
+
 @dataclass(slots=True, frozen=True)
 class Tombstone:
     """What a done or aborted task keeps in place of its record (``keep_finished=

@@ -249,20 +249,23 @@ def ack(
     discarded: bool = False,
     trim_limit: int | None = None,
     now_ms: int | None = None,
-    finished: Sequence[tuple[str, str]] | None = None,
+    finished: Sequence[tuple[str, str, str]] | None = None,
 ) -> Op[list[str]]:
-    """Record tasks as done. ``finished``: per lease, (kind, result): the kind for its
-    tombstone ("": read from its record) and what its handler returned, as JSON text ("":
-    nothing); none given: ("", "") each."""
+    """Record tasks as done. ``finished``: per lease, (tombstone's prefix, kind, result):
+    ``"<attempt> <ms from its due time to now> "`` ("": the script reads them from the
+    attempts entry), the kind ("": read from its record) and what its handler returned, as
+    JSON text ("": nothing); none given: ("", "", "") each."""
     # Each call forgets up to twice the records it adds (at least 20): under any sustained
     # load, finished records leave once their dedupe window has passed instead of piling up.
     trim = trim_limit if trim_limit is not None else max(20, 2 * len(leases))
     if finished is None:
-        rest: list[Arg] = [x for i, t in leases for x in (i, t, "", "")]
+        rest: list[Arg] = [x for i, t in leases for x in (i, t, "", "", "")]
     else:
         if len(finished) != len(leases):
-            raise ValueError("ack needs one (kind, result) per lease")
-        rest = [x for (i, t), (k, r) in zip(leases, finished, strict=True) for x in (i, t, k, r)]
+            raise ValueError("ack needs one (prefix, kind, result) per lease")
+        rest = [
+            x for (i, t), (p, k, r) in zip(leases, finished, strict=True) for x in (i, t, p, k, r)
+        ]
     return core.op(
         "ack",
         {

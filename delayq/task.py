@@ -276,9 +276,10 @@ class TaskInfo:
 
     A done or aborted task keeps, by default, only a tombstone for the queue's dedupe window
     (``Queue(..., keep_finished="tombstone")``): its ``state``, ``finished_at``,
-    ``attempts`` and ``kind``, its ``due_at`` (its last run's, to the millisecond) and its
-    ``result``. Its ``payload`` is then None, ``max_attempts`` 0, ``created_at`` None,
-    ``headers`` empty (``last_error`` stays: an earlier attempt's, if one failed). A queue made with
+    ``attempts`` and ``kind``, its ``due_at`` (its last run's: for a done task as the
+    worker reckons the server's clock, to a few milliseconds) and its ``result``. Its
+    ``payload`` is then None, ``max_attempts`` 0, ``created_at`` None and ``headers``
+    empty (``last_error`` stays: an earlier attempt's, if one failed). A queue made with
     ``keep_finished="record"`` keeps whole records instead."""
 
     id: str

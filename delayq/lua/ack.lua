@@ -15,14 +15,17 @@
 -- ARGV[4] trim_limit  delete at most this many tasks whose dedupe window has passed
 -- ARGV[5] keep        "1": keep the whole record; else a tombstone takes its place
 -- ARGV[6] channel     the finished channel: ids someone waits for are published there
--- ARGV[7...] leases   quadruples: id, lease token, kind (for the tombstone; "": read from the
---                     record), result (JSON text; "" for none)
+-- ARGV[7...] leases   quintuples: id, lease token, the tombstone's first two fields as
+--                     "<attempt> <ms from due to finish> " (the worker's; "": from the
+--                     attempts entry), kind (for the tombstone; "": read from the record),
+--                     result (JSON text; "" for none)
 -- REPLY per refused {id}
 -- Returns: the ids whose ack was refused because the lease was lost (expired or taken over).
 --@include announce
 --@include argv
 --@include clock
 --@include forget
+--@include kind_code
 --@include lease
 --@include record
 --@include time_text
@@ -32,7 +35,7 @@
 --@include unwatch
 local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
-local ids, tokens, kinds, results = dq_columns(REST, 4)
+local ids, tokens, pres, kinds, results = dq_columns(REST, 5)
 local heads, entries = dq_held(K, ids, tokens, now, true)
 local refused, acked, acked_at, scored, na, nr = {}, {}, {}, {}, 0, 0
 local tombs, kept, bare, nk, nb = {}, {}, {}, 0, 0
@@ -53,7 +56,11 @@ for j, id in ipairs(ids) do
         local h = dq_split(redis.call('HGET', K.tasks, id) or '')
         kind = (h and h.k) or '?'
       end
-      tombs[2 * na] = dq_tombstone(K, entries[j], now, kind, codes)
+      if pres[j] ~= '' then  -- the worker's: no string work here (the server's one thread)
+        tombs[2 * na] = pres[j] .. dq_kind_code(K, kind, codes)
+      else
+        tombs[2 * na] = dq_tombstone(K, entries[j], now, kind, codes)
+      end
     end
     if results[j] ~= '' then
       nk = nk + 2

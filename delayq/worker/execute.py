@@ -22,7 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 from delayq.backoff import delay_for
-from delayq.codec import Codec, RecordError, decode_headers, decode_payload, encode_result
+from delayq.codec import (
+    Codec,
+    RecordError,
+    decode_headers,
+    decode_payload,
+    encode_result,
+    tombstone_prefix,
+)
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.task import Task
@@ -84,6 +91,7 @@ class Executor:
         self.queue = ctx.core.name
         self.codecs = ctx.core.codecs
         self.max_result = ctx.core.max_result
+        self.now_ms = ctx.now_ms
         self.events = ctx.events
         self.invoke = ctx.invoke
         self.call = ctx.call  # without the middleware: for the internal handlers
@@ -233,7 +241,16 @@ class Executor:
             return await self._returned(task, claimed, value, time.perf_counter() - t0)
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind)
+        return Outcome(
+            "ack", task.id, task.token, "", "", claimed.shard, task.kind, "", self._tomb(claimed)
+        )
+
+    def _tomb(self, claimed: Claimed) -> str:
+        """A finished task's tombstone but its kind's code: "<attempt> <ms from its due time
+        to now> " (lib/tombstone.lua), made here so the server's one thread does no string
+        work for it."""
+        h = claimed.header
+        return tombstone_prefix(h.attempts, h.due_ms, self.now_ms())
 
     async def _returned(self, task: Task, claimed: Claimed, value: Any, took: float) -> Outcome:
         """A handler returned ``value``: kept as its result, or dead when it cannot be (not
@@ -244,7 +261,8 @@ class Executor:
             return await self._bury(task, claimed, str(e), took)
         if self.events.listeners:
             self.emit("succeeded", claimed, duration=took)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind, result)
+        tomb = self._tomb(claimed)
+        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind, result, tomb)
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -266,7 +284,10 @@ class Executor:
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self.emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token, "", "", claimed.shard, task.kind)
+            tomb = self._tomb(claimed)
+            return Outcome(
+                "discard", task.id, task.token, "", "", claimed.shard, task.kind, "", tomb
+            )
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         text = "".join(traceback.format_exception(e)) if unexpected else v.error
         if v.failed:

@@ -40,12 +40,14 @@ class Outcome(NamedTuple):
     shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
     kind: str = ""  # ack, discard: the task's kind, for its tombstone
     result: str = ""  # ack: what the handler returned, as JSON text ("" for None)
+    # ack, discard: the tombstone's "<attempt> <ms from due to finish> " (leasing.ack)
+    tomb: str = ""
 
 
 def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
     leases = [(o.id, o.token) for o in items]
     if action in ("ack", "discard"):
-        finished = [(o.kind, o.result) for o in items]
+        finished = [(o.tomb, o.kind, o.result) for o in items]
         return leasing.ack(core, leases, discarded=action == "discard", finished=finished)
     if action == "retry":
         return leasing.retry(core, [(o.id, o.token, o.due, o.text) for o in items])
