@@ -18,6 +18,7 @@ look (``get``) of every wait then in progress, once the subscription is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -92,7 +93,9 @@ class _Board:
     def __init__(self, core_of: Callable[[str], QueueCore]) -> None:
         self.core_of = core_of
         self.waiting: dict[str, int] = {}
-        self.arrived: dict[str, TaskInfo | None] = {}
+        # id -> (its messages so far, the last one's task): kept until its last wait ends,
+        # so that every wait of the id in this process sees it
+        self.arrived: dict[str, tuple[int, TaskInfo | None]] = {}
         self.lost = 0
         self.channels: set[str] = set()
 
@@ -115,7 +118,7 @@ class _Board:
         except (ValueError, TypeError, KeyError):
             return  # not ours: written by another program
         if tid in self.waiting:
-            self.arrived[tid] = info
+            self.arrived[tid] = (self.arrived.get(tid, (0, None))[0] + 1, info)
 
 
 class SyncWaits:
@@ -154,7 +157,8 @@ class SyncWaits:
         try:
             self._board.post(self._pubsub.get_message(timeout=timeout))
         except Exception:  # the connection went: subscribe again, and every wait looks again
-            self._pubsub.close()
+            with contextlib.suppress(Exception):
+                self._pubsub.close()
             self._pubsub = None
             self._board.channels.clear()
             self._board.lost += 1
@@ -175,7 +179,7 @@ class SyncWaits:
         try:
             with self._lock:
                 self._subscribe(channel)
-                lost = board.lost
+                lost, seen = board.lost, 0
             info = run(wait_op(core, tid, for_ms))
             while True:
                 if info is None:
@@ -188,13 +192,13 @@ class SyncWaits:
                 if not self._lock.acquire(timeout=min(left, TURN_S)):
                     continue
                 try:
-                    if tid not in board.arrived and board.lost == lost:
+                    if board.arrived.get(tid, (0, None))[0] == seen and board.lost == lost:
                         if channel not in board.channels:
                             self._subscribe(channel)
                         else:
                             self._read(min(left, TURN_S))
-                    got = tid in board.arrived
-                    message = board.arrived.pop(tid, None)
+                    count, message = board.arrived.get(tid, (0, None))
+                    got, seen = count != seen, count
                     relook = board.lost != lost
                     lost = board.lost
                 finally:
@@ -256,7 +260,8 @@ class AsyncWaits:
         try:
             self._board.post(await self._pubsub.get_message(timeout=timeout))
         except Exception:
-            await self._pubsub.aclose()
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
             self._pubsub = None
             self._board.channels.clear()
             self._board.lost += 1
@@ -277,7 +282,7 @@ class AsyncWaits:
         try:
             async with self._lock:
                 await self._subscribe(channel)
-                lost = board.lost
+                lost, seen = board.lost, 0
             info = await self._run(run, wait_op(core, tid, for_ms))
             while True:
                 if info is None:
@@ -292,13 +297,13 @@ class AsyncWaits:
                 except TimeoutError:
                     continue
                 try:
-                    if tid not in board.arrived and board.lost == lost:
+                    if board.arrived.get(tid, (0, None))[0] == seen and board.lost == lost:
                         if channel not in board.channels:
                             await self._subscribe(channel)
                         else:
                             await self._read(min(left, TURN_S))
-                    got = tid in board.arrived
-                    message = board.arrived.pop(tid, None)
+                    count, message = board.arrived.get(tid, (0, None))
+                    got, seen = count != seen, count
                     relook = board.lost != lost
                     lost = board.lost
                 finally:

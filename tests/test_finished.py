@@ -263,8 +263,10 @@ async def test_await_wait_returns_done_and_raises_for_time_and_cancelled(
         with pytest.raises(TaskNotFound):
             await aq.wait("nope", timeout=5)
         with run_worker(worker):
+            t0 = time.monotonic()
             got = await asyncio.gather(aq.wait("a-done", timeout=10), aq.wait("a-done", timeout=10))
             assert [i.result for i in got] == [[1, 2], [1, 2]]
+            assert time.monotonic() - t0 < 3  # both told by the one message
             with pytest.raises(TimeoutError):
                 await aq.wait("a-late", timeout=0.3)
             waiter = asyncio.ensure_future(aq.wait("a-late", timeout=10))
