@@ -37,27 +37,30 @@ local now = dq_now(A.now)
 local dedupe = tonumber(A.dedupe_ms)
 local ids, tokens, pres, kinds, results = dq_columns(REST, 5)
 local heads, entries = dq_held(K, ids, tokens, now, true)
-local refused, acked, acked_at, scored, na, nr = {}, {}, {}, {}, 0, 0
-local tombs, kept, bare, nk, nb = {}, {}, {}, 0, 0
+local refused, acked, scored, na, nr = {}, {}, {}, 0, 0
+local tombs, kept, nk = {}, {}, 0
 local tombstones = A.keep ~= '1'
-local codes = {}
+local codes = {}  -- kind -> its code, looked up once per call
 local stamp = dq_ms(now)  -- the done set's score, formatted once rather than per task
 for j, id in ipairs(ids) do
   if heads[j] then
     na = na + 1
     acked[na] = id
-    acked_at[na] = j
     scored[2 * na - 1] = stamp
     scored[2 * na] = id
     if tombstones then
       tombs[2 * na - 1] = id
       local kind = kinds[j]
-      if kind == '' then
-        local h = dq_split(redis.call('HGET', K.tasks, id) or '')
-        kind = (h and h.k) or '?'
+      local code = codes[kind]
+      if not code then
+        if kind == '' then
+          local h = dq_split(redis.call('HGET', K.tasks, id) or '')
+          kind = (h and h.k) or '?'
+        end
+        code = dq_kind_code(K, kind, codes)
       end
       if pres[j] ~= '' then  -- the worker's: no string work here (the server's one thread)
-        tombs[2 * na] = pres[j] .. dq_kind_code(K, kind, codes)
+        tombs[2 * na] = pres[j] .. code
       else
         tombs[2 * na] = dq_tombstone(K, entries[j], now, kind, codes)
       end
@@ -66,9 +69,6 @@ for j, id in ipairs(ids) do
       nk = nk + 2
       kept[nk - 1] = id
       kept[nk] = results[j]
-    else
-      nb = nb + 1
-      bare[nb] = id
     end
   else
     nr = nr + 1
@@ -83,22 +83,28 @@ if na > 0 then
       redis.call('HSET', K.tasks, unpack(tombs))
       redis.call('HDEL', K.attempts, unpack(acked))
     end
-    if nk > 0 then redis.call('HSET', K.results, unpack(kept)) end
-    -- A result an earlier run of the same id left (re-created after its window) goes.
-    if nb > 0 and redis.call('EXISTS', K.results) == 1 then
-      redis.call('HDEL', K.results, unpack(bare))
+    -- A result an earlier run of the same id left (re-created after its window) goes;
+    -- a queue whose handlers return nothing has no results hash, and pays one EXISTS.
+    if nk < 2 * na and redis.call('EXISTS', K.results) == 1 then
+      redis.call('HDEL', K.results, unpack(acked))
     end
+    if nk > 0 then redis.call('HSET', K.results, unpack(kept)) end
   else
     dq_forget(K, acked)
     dq_unwatch(K, acked)
   end
   redis.call('HINCRBY', K.stats, A.counter, na)
-  dq_announce(K, A.channel, acked, function(j)
-    if not tombstones or dedupe <= 0 then return nil end  -- read with get
-    local result = results[acked_at[j]]
-    return {acked[j], 'done', stamp, dq_tombstone_read(K, tombs[2 * j]), false, false,
-      result ~= '' and result or false}
-  end)
+  if tombstones and dedupe > 0 then
+    dq_announce(K, A.channel, acked, function(j)
+      local result = false
+      for i = 1, nk, 2 do
+        if kept[i] == acked[j] then result = kept[i + 1] end
+      end
+      return {acked[j], 'done', stamp, dq_tombstone_read(K, tombs[2 * j]), false, false, result}
+    end)
+  else
+    dq_announce(K, A.channel, acked, nil)  -- read with get
+  end
 end
 
 -- Forget finished tasks whose dedupe window has passed, a few per call.
