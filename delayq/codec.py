@@ -441,10 +441,11 @@ def encode_result(value: Any, max_result: int) -> str:
 def tombstone_prefix(attempt: int, due_ms: float | None, now_ms: float) -> str:
     """A tombstone's first two fields as the worker sends them with its ack, the script
     adding the kind's code: ``"<attempt> <ms from due to now> "`` (the middle empty for no
-    due time)."""
-    if due_ms is None:
+    due time, or one no delayq wrote)."""
+    lag = now_ms - due_ms if due_ms is not None else math.nan
+    if not -1e13 < lag < 1e13:  # none, or one another program wrote (nan, inf, 1e300)
         return f"{attempt}  "
-    return f"{attempt} {round(now_ms - due_ms)} "
+    return f"{attempt} {round(lag)} "
 
 
 @dataclass(slots=True, frozen=True)

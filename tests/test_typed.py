@@ -280,6 +280,7 @@ def test_a_pydantic_model_and_a_msgspec_struct(queue: Queue, run_worker: RunWork
         port: int = 80
 
     invoice, ping = TaskType("invoice", Invoice), TaskType("ping", Ping)
+    queue = Queue(queue.name, url=queue.url, keep_finished="record")  # (payloads read below)
     worker = Worker(queue)
     seen: dict[str, Any] = {}
 
@@ -306,6 +307,7 @@ def test_a_pydantic_model_and_a_msgspec_struct(queue: Queue, run_worker: RunWork
     assert "payload does not match Ping (the type of 'ping')" in dead_reason(queue, "bad-ping")
     reason = dead_reason(queue, "bad-invoice")
     assert "payload does not match Invoice" in reason and "number:" in reason, reason
+    queue.close()
 
 
 def test_a_bad_payload_is_dead_with_the_reason_and_the_worker_goes_on(

@@ -44,6 +44,10 @@ elseif A.mode == 'drop' then
   if #ids == 0 then return 0 end
   redis.call('ZREM', set, unpack(ids))
   dq_forget(K, ids)
+  -- The shard's kinds' codes go with its last finished task.
+  if redis.call('EXISTS', K.done) == 0 and redis.call('EXISTS', K.aborted) == 0 then
+    redis.call('DEL', K.kinds)
+  end
   return #ids
 end
 return redis.error_reply('move_tasks: unknown mode ' .. tostring(A.mode))
