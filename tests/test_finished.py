@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from delayq import AsyncQueue, Fail, Queue, Task, TaskNotFound, Worker
+from delayq.admin.inspect import finished
 from delayq.codec import encode_record
 from delayq.embedded import EmbeddedServer
 from delayq.http import create_app
@@ -71,6 +72,13 @@ def test_a_done_task_keeps_a_tombstone_or_its_whole_record(
     else:
         assert info.payload == {"order": 42} and info.created_at is not None
         assert raw[:1] == b"{" and queue.client.hget(k.attempts, "o42") is not None
+    # The dashboard's lateness chart reads the kind and the due time from it too.
+    (recent,) = queue.runner.run(finished(queue.core))
+    assert (recent.kind, recent.due_at, recent.finished_at) == (
+        "order.close",
+        info.due_at,
+        info.finished_at,
+    )
     # Within the dedupe window the id is still known: a duplicate is refused.
     assert queue.schedule("order.close", {"order": 43}, task_id="o42").status == "unchanged"
     queue.close()
