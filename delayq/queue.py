@@ -203,13 +203,13 @@ class Queue(QueueBase[redis.Redis]):
         from its tombstone (see :class:`~delayq.task.TaskInfo`)."""
         return self.runner.drive(self._checked(self._of(task_id).get(task_id)))
 
-    def wait(self, task_id: str, timeout: float = 30.0) -> TaskInfo:
+    def wait(self, task_id: str, timeout: Duration = 30.0) -> TaskInfo:
         """Block until the task is done, dead or aborted, and return it as :meth:`get`
         does (``result`` holds what its handler returned). No polling: the script that
         finishes it tells this queue (docs/concepts.md, "Results").
 
         Raises:
-            TimeoutError: it has not finished within ``timeout`` seconds.
+            TimeoutError: it has not finished within ``timeout`` (seconds, or a timedelta).
             TaskNotFound: the queue holds no such task (never scheduled, cancelled, even
                 while waited for, or forgotten after its dedupe window); at once.
         """
@@ -428,7 +428,7 @@ class AsyncQueue(QueueBase[aredis.Redis]):
     async def get(self, task_id: str) -> TaskInfo | None:
         return await self.runner.drive(self._checked(self._of(task_id).get(task_id)))
 
-    async def wait(self, task_id: str, timeout: float = 30.0) -> TaskInfo:
+    async def wait(self, task_id: str, timeout: Duration = 30.0) -> TaskInfo:
         if self._awaits is None:
             self._awaits = AsyncWaits(self.client, self._of)
         return await self._awaits.wait(

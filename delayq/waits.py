@@ -31,6 +31,7 @@ from delayq.info import as_bytes
 from delayq.scripts import Arg
 from delayq.spec import validate_task_id
 from delayq.task import TaskInfo
+from delayq.timing import Duration, seconds
 
 FINISHED = frozenset(("done", "dead", "aborted"))
 # A turn at reading the subscription lasts at most this long, so a thread waiting for another
@@ -44,9 +45,7 @@ CALLS_AT_ONCE = 16
 
 def wait_ms(timeout: float) -> int:
     """How long the waits set keeps the entry: the timeout, and a second to spare."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-    return round(min(float(timeout), MAX_WAIT_S) * 1000) + 1000
+    return round(min(timeout, MAX_WAIT_S) * 1000) + 1000
 
 
 def wait_op(core: QueueCore, task_id: str, for_ms: int) -> Op[TaskInfo | None]:
@@ -167,9 +166,10 @@ class SyncWaits:
         self,
         core: QueueCore,
         tid: str,
-        timeout: float,
+        wait_for: Duration,
         run: Callable[[Any], TaskInfo | None],
     ) -> TaskInfo:
+        timeout = seconds(wait_for, "timeout")
         for_ms = wait_ms(timeout)
         channel = core.keys.finished_channel
         board = self._board
@@ -270,9 +270,10 @@ class AsyncWaits:
         self,
         core: QueueCore,
         tid: str,
-        timeout: float,
+        wait_for: Duration,
         run: Callable[[Any], Any],
     ) -> TaskInfo:
+        timeout = seconds(wait_for, "timeout")
         for_ms = wait_ms(timeout)
         channel = core.keys.finished_channel
         board = self._board
