@@ -28,6 +28,7 @@ import costs
 import drain
 import durable
 import expiring
+import history
 import http_api
 import idle
 import lateness
@@ -52,6 +53,7 @@ BENCHMARKS = {
         bursts,
         drain,
         costs,
+        history,
         server_cost,
         schedule,
         node_producer,

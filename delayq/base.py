@@ -22,6 +22,7 @@ from delayq.controls import Controls, RateLimit
 from delayq.core import MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
 from delayq.cron import facade as cron
 from delayq.errors import ConfigurationError, ConnectionFailed, InvalidTaskError
+from delayq.history import DEFAULT_HISTORY_WINDOW
 from delayq.hooks import BeforeSchedule
 from delayq.keys import DEFAULT_PREFIX
 from delayq.runner import (
@@ -66,7 +67,9 @@ CALLS_PER_ROUND_TRIP = 8
 MAX_DURABLE_REPLICAS = 1000  # durable_replicas: more than any deployment runs; WAITAOF takes a long
 
 
-_OPTIONS = frozenset(("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers"))
+_OPTIONS = frozenset(
+    ("delay", "at", "task_id", "replace", "max_attempts", "durable", "headers", "priority")
+)
 
 
 def _spec(kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions) -> TaskSpec:
@@ -81,6 +84,7 @@ def _spec(kind: str | TaskType[Any, Any], payload: Any, options: ScheduleOptions
         options.get("task_id"),
         options.get("max_attempts", 0),
         options.get("headers"),
+        options.get("priority"),
     )
 
 
@@ -131,7 +135,14 @@ def _first(op: Op[list[str]]) -> Op[Scheduled]:
 
 def _with_headers(spec: TaskSpec, headers: dict[str, str]) -> TaskSpec:
     return TaskSpec(
-        spec.kind, spec.payload, spec.delay, spec.at, spec.task_id, spec.max_attempts, headers
+        spec.kind,
+        spec.payload,
+        spec.delay,
+        spec.at,
+        spec.task_id,
+        spec.max_attempts,
+        headers,
+        spec.priority,
     )
 
 
@@ -188,6 +199,7 @@ class QueueBase(Generic[C]):
         codec: str | None = None,
         max_payload: int | None = None,
         dedupe_window: Duration | None = None,
+        history_window: Duration = DEFAULT_HISTORY_WINDOW,
         durable_timeout: Duration | None = None,
         shards: int | Literal["stored"] = 1,
         durable_replicas: int = 0,
@@ -222,6 +234,7 @@ class QueueBase(Generic[C]):
         options: dict[str, Any] = dict(
             prefix=prefix,
             given=given(dedupe_window, max_payload, codec),
+            history_window=history_window,
             clock=clock,
             keep_finished=keep_finished,
             max_result=max_result,
@@ -327,8 +340,9 @@ class QueueBase(Generic[C]):
         """The script call of one ``schedule`` of a spec the hooks have seen, validated and
         encoded. A task given no id, and neither ``replace`` nor ``durable``, is new to the
         queue: ``schedule_new.lua`` (what ``schedule.lua`` does for a new task, in fewer
-        commands) on its id's shard. Any other is a ``schedule_many`` of one task."""
-        if spec.task_id is None and not (replace or durable):
+        commands) on its id's shard. Any other, or one given a priority (schedule.lua's), is a
+        ``schedule_many`` of one task."""
+        if spec.task_id is None and not (replace or durable) and spec.priority is None:
             task_id = new_task_id()
             return self.shards.of(task_id).schedule_new(spec, task_id)
         if self.shards.n == 1:  # (encode_tasks checks the id: no lists of a batch)

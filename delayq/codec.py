@@ -182,16 +182,19 @@ class Record:
     created_ms: int
     fmt: str
     headers: dict[str, str] = field(default_factory=dict)  # {} for none (or written before)
+    priority: int = 0  # (protocol 1.1) 1-9 when scheduled with one, else 0
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Record:
         h = raw.get("h")
+        p = _lenient_int(raw.get("p", 0))
         return cls(
             kind=str(raw["k"]),
             max_attempts=_as_int(raw.get("m", 0)),
             created_ms=_lenient_int(raw.get("c", 0)),
             fmt=str(raw.get("f", "json")),
             headers={} if h is None else _as_headers(h),
+            priority=p if 1 <= p <= 9 else 0,  # (what claim reads as a priority)
         )
 
 
@@ -343,7 +346,7 @@ def _as_headers(value: Any) -> dict[str, str]:
     return value
 
 
-def record_prefix(kind: str, *, max_attempts: int, fmt: str) -> bytes:
+def record_prefix(kind: str, *, max_attempts: int, fmt: str, priority: int = 0) -> bytes:
     """The part of a new record's header that depends on the kind and options only.
 
     Zero-valued fields are left out (readers default them to 0): every byte here is paid
@@ -354,6 +357,8 @@ def record_prefix(kind: str, *, max_attempts: int, fmt: str) -> bytes:
         header["m"] = max_attempts
     if fmt != "json":
         header["f"] = fmt
+    if priority:
+        header["p"] = priority
     return json.dumps(header, separators=(",", ":")).encode()[:-1] + b',"c":'
 
 
@@ -375,9 +380,10 @@ def encode_record(
     created_ms: int,
     fmt: str,
     headers: dict[str, str] | None = None,
+    priority: int = 0,
 ) -> bytes:
     """A whole record from its parts (tests, and what seeds state)."""
-    prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt)
+    prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt, priority=priority)
     return prefix + header_end(str(created_ms).encode(), encode_headers(headers)) + payload
 
 

@@ -28,6 +28,7 @@ from delayq.codec import (
     record_prefix,
 )
 from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.history import DEFAULT_HISTORY_WINDOW, window_ms
 from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
@@ -42,6 +43,9 @@ from delayq.settings import (
 from delayq.spec import (
     CheckedSpec,
     TaskSpec,
+    plain_dues,
+    priority_due,
+    reschedule_due,
     task_ids,
     validate_kind,
     validate_max_attempts,
@@ -58,7 +62,7 @@ REPLY_BATCH = 1000  # ids per call for bulk operations on the dead set
 MAX_DEAD_PAGE = 10_000
 MAX_SEEK = 1000  # tasks per page of seek(): bounds the script's run time and its reply
 SEEK_STATES = ("scheduled", "active", "done", "dead", "aborted")
-# Each abort forgets up to this many aborted records whose dedupe window has passed.
+# Each abort (cancel) forgets up to this many aborted records (tombstones) past the window.
 ABORT_TRIM = 100
 
 
@@ -79,18 +83,8 @@ _RESCHEDULE.require_head("moved", "now")
 _GET = SCRIPTS["get"].reply
 _GET.require_head("state", "score", "record", "error", "attempt", "result")
 _STATS = SCRIPTS["stats"].reply
-_STATS.require_head(
-    "now",
-    "scheduled",
-    "due",
-    "active",
-    "dead",
-    "done",
-    "head_due",
-    "next_lease",
-    "expiry_mode",
-    "aborted",
-)
+_STATS_HEAD = "now scheduled due active dead done head_due next_lease expiry_mode aborted"
+_STATS.require_head(*_STATS_HEAD.split())
 _STATS.require_row("name", "value")
 SCRIPTS["shards"].reply.require_head("count", "protocol", "dedupe_ms", "max_payload", "codec")
 SCRIPTS["settings"].reply.require_head("dedupe_ms", "max_payload", "codec")
@@ -100,12 +94,6 @@ _WORKERS_NOW = _WORKERS.at("now")
 _DEAD, _SEEK = SCRIPTS["dead"].reply, SCRIPTS["seek"].reply
 for _reply in (_DEAD, _SEEK, SCRIPTS["page"].reply):
     _reply.require_row(*ROWS)
-
-
-def _reschedule_due(delay: Duration | None, at: datetime | float | int | None) -> str:
-    if delay is None and at is None:
-        raise InvalidTaskError("reschedule needs delay= or at=")
-    return due_spec(delay, at)
 
 
 @dataclass(frozen=True, init=False)
@@ -122,12 +110,8 @@ class Op(Generic[T]):
     ) -> None:
         # One per call made: the fields set as TaskSpec sets its own (no setattr per field).
         fields = self.__dict__
-        fields["script"], fields["keys"], fields["args"], fields["parse"] = (
-            script,
-            keys,
-            args,
-            parse,
-        )
+        fields["script"], fields["keys"] = script, keys
+        fields["args"], fields["parse"] = args, parse
 
 
 class SeekRow(NamedTuple):
@@ -176,6 +160,7 @@ class QueueCore:
         codec: str = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         dedupe_window: Duration = DEFAULT_DEDUPE_WINDOW,
+        history_window: Duration = DEFAULT_HISTORY_WINDOW,
         shard: int = 0,
         shards: int = 1,
         clock: Clock | None = None,
@@ -198,7 +183,8 @@ class QueueCore:
         self.max_result = check.whole(
             max_result, "max_result", 1, error=ConfigurationError, hint=" (bytes)"
         )
-        self._prefixes: dict[tuple[str, int], bytes] = {}
+        self.history_ms = window_ms(history_window)  # the dashboard's, past its 10 minutes
+        self._prefixes: dict[tuple[Any, ...], bytes] = {}  # (kind, max_attempts[, priority])
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
         self._new_keys: list[str] | None = None
         self.clock = clock
@@ -252,17 +238,19 @@ class QueueCore:
 
     # -- producing ---------------------------------------------------------------------
 
-    def _prefix(self, kind: str, max_attempts: int) -> bytes:
+    def _prefix(self, kind: str, max_attempts: int, priority: int = 0) -> bytes:
         """Validated kind -> cached header prefix (most queues have a handful of kinds)."""
+        key = (kind, max_attempts, priority) if priority else (kind, max_attempts)
         # Looked up only for an int: True == 1 and 1.0 == 1 hash alike, and must be refused.
-        prefix = self._prefixes.get((kind, max_attempts)) if type(max_attempts) is int else None
+        prefix = self._prefixes.get(key) if type(max_attempts) is int else None
         if prefix is None:
             validate_kind(kind)
             validate_max_attempts(max_attempts)
             if len(self._prefixes) > 1000:
                 self._prefixes.clear()
-            prefix = record_prefix(kind, max_attempts=max_attempts, fmt=self.codec.name)
-            self._prefixes[(kind, max_attempts)] = prefix
+            fmt = self.codec.name
+            prefix = record_prefix(kind, max_attempts=max_attempts, fmt=fmt, priority=priority)
+            self._prefixes[key] = prefix
         return prefix
 
     def encode_tasks(
@@ -296,6 +284,9 @@ class QueueCore:
             else:
                 head = b"" if spec.headers is None else encode_headers(spec.headers)
                 due = due_spec(spec.delay, spec.at)
+            if spec.priority is not None:  # its record's "p" (1-9) and due "p<N>:<due>"
+                p, due = priority_due(spec.priority, due)
+                prefix = self._prefix(spec.kind, attempts, p) if p else prefix
             if head:
                 rest += (tid, due, prefix + header_end(created, head) + data)
             else:
@@ -320,7 +311,7 @@ class QueueCore:
             if reply is None:
                 return ids
             n = len(ids)  # (the statuses, then the now the script ran at)
-            dues = cast(list[str], rest[1::3])  # (each task's due_spec)
+            dues = plain_dues(cast(list[str], rest[1::3]))  # (each task's due_spec)
             scheduled = Scheduled.from_replies(ids, reply[:n], dues, reply[n])
             return cast(list[str], scheduled)  # each one is a str
 
@@ -368,11 +359,12 @@ class QueueCore:
 
         return Op(_NEW, list(keys), args, parse)
 
-    def cancel(self, task_id: str) -> Op[bool]:
-        args: dict[str, Arg] = {
-            "id": validate_task_id(task_id),
-            "finished": self.keys.finished_channel,
-        }
+    def cancel(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
+        """Remove a waiting task, leaving a tombstone for the dedupe window (True: it was),
+        and tell whoever waits for it (queue.wait)."""
+        args: dict[str, Arg] = {"id": validate_task_id(task_id), "now": self.now_arg(now_ms)}
+        args["dedupe_ms"], args["trim_limit"] = self.dedupe_ms, ABORT_TRIM
+        args["finished"] = self.keys.finished_channel
         return self.op("cancel", args, [], lambda r: int(r) == 1)
 
     def abort(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
@@ -401,7 +393,7 @@ class QueueCore:
         at: datetime | float | int | None = None,
         now_ms: int | None = None,
     ) -> Op[bool]:
-        due = _reschedule_due(delay, at)
+        due = reschedule_due(delay, at)
         return self._reschedule(task_id, due, now_ms, "", lambda r: int(r) == 1)
 
     def reschedule_due(
@@ -414,7 +406,7 @@ class QueueCore:
     ) -> Op[float | None]:
         """:meth:`reschedule`, parsed to the due time the script stored (ms on the server's
         clock, what ``get`` reads back), or None when the task was not waiting."""
-        due = _reschedule_due(delay, at)
+        due = reschedule_due(delay, at)
 
         def parse(reply: Any) -> float | None:
             moved, now = reply  # _RESCHEDULE's head: {moved, now}

@@ -41,6 +41,20 @@ def task_info(
     last_error = as_str(err) if err else None
     when = ms_to_datetime(score)
     value = _result(result)
+    if state == "cancelled":  # a tombstone: the id and the time of the cancel, no record
+        return TaskInfo(
+            id=task_id,
+            kind="",
+            payload=None,
+            state="cancelled",
+            due_at=None,
+            attempts=0,
+            max_attempts=0,
+            last_error=None,
+            created_at=None,
+            finished_at=when,
+            queue=queue,
+        )
     if state in ("done", "aborted"):
         tomb = Tombstone.parse(record)
         if tomb is not None:
@@ -98,6 +112,7 @@ def task_info(
         queue=queue,
         headers=header.headers,
         result=value,
+        priority=header.priority,
     )
 
 

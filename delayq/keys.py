@@ -101,6 +101,11 @@ class QueueKeys:
         "ZSET task id -> time it was aborted (ms; queue.abort); kept for the dedupe window, "
         "forgotten by later aborts. Absent until a task is aborted."
     )
+    cancelled = Key(
+        "ZSET task id -> time it was cancelled (ms; queue.cancel): a tombstone, no record, "
+        "kept for the dedupe window and forgotten by later cancels; dropped when the id is "
+        "scheduled again. Absent until a task is cancelled."
+    )
     tasks = Key("HASH task id -> record (JSON header, newline, encoded payload).")
     attempts = Key(
         "HASH task id -> '<token> <attempt> <due>' of its current or last claim; apart from the "
@@ -135,8 +140,15 @@ class QueueKeys:
     control = Key(
         "HASH of the shard's admission controls, read by every claim: ``paused``; the rate "
         "limit's share of this shard (``rate`` tokens per ms, ``burst``) and its bucket "
-        "(``tokens`` at ``ts``); the queue-wide limit as set (``limit``, ``limit_burst``). "
-        "Absent when no control is set."
+        "(``tokens`` at ``ts``); the queue-wide limit as set (``limit``, ``limit_burst``); "
+        "``prio``: set while the ``prio`` index may hold tasks. "
+        "Absent when none of these is set."
+    )
+    prio = Key(
+        "ZSET task id -> (10 - priority) * 1e13 + due time (ms): the waiting tasks scheduled "
+        "with a priority (1-9), an index beside ``scheduled`` (which stays the truth of what "
+        "waits and until when; claim repairs an entry that disagrees). Absent while no task "
+        "has one; the control hash's field ``prio`` says when it may hold any."
     )
     cron = Key("HASH schedule name -> JSON: definition, next and last occurrence, last outcome.")
     xkeys = Key("HASH watched key -> id of the task that fires when it expires.")
@@ -157,6 +169,15 @@ class QueueKeys:
         then ``d``, the digest and the first answer, kept for the dedupe window. Written
         only by the idem_begin and idem_end scripts, on the queue's (shard 0's) tag."""
         return f"{self.base}:idem:{digest}"
+
+    def history(self, minute: int) -> str:
+        """HASH of the dashboard's history for the ten minutes from ``minute`` (since the
+        epoch, by the writing worker's clock): fields ``<minute>:s``, ``:d``, ``:r`` and
+        ``:x`` (succeeded, discarded, retried, dead) and ``<minute>:<bucket>`` (starts per
+        lateness bucket, delayq/history.py), counted by ack, retry and bury; it expires the
+        queue's ``history_window`` after its ten minutes end. Absent until a worker writes
+        one."""
+        return f"{self.base}:history:{minute}"
 
     def expire_gate(self, key: str) -> str:
         """Short-lived marker that lets one worker of many act on a foreign key's expiry."""

@@ -6,12 +6,13 @@ later call, so a worker whose lease expired or was taken over cannot finish the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from delayq.codec import Header
 from delayq.core import Op, QueueCore
+from delayq.history import encode_lateness, span_and_ttl
 from delayq.scripts import SCRIPTS, Arg
 from delayq.text import escape
 
@@ -238,6 +239,16 @@ def claim(
     )
 
 
+def _history(
+    core: QueueCore, args: dict[str, Arg], lateness: Iterable[float], now_ms: int | None
+) -> dict[str, str]:
+    """Add the history's arguments to ``args`` (delayq/history.py); its hash's key."""
+    span, ttl = span_and_ttl(core.wall_ms() if now_ms is None else now_ms, core.history_ms)
+    args["history"] = ttl if core.history_ms else 0
+    args["lateness"] = encode_lateness(lateness)
+    return {"history": core.keys.history(span)}
+
+
 def _flat(items: Sequence[tuple[Any, ...]]) -> list[Arg]:
     return [x for item in items for x in item]
 
@@ -248,13 +259,16 @@ def ack(
     *,
     discarded: bool = False,
     trim_limit: int | None = None,
+    lateness: Iterable[float] = (),
     now_ms: int | None = None,
     finished: Sequence[tuple[str, str, str]] | None = None,
 ) -> Op[list[str]]:
     """Record tasks as done. ``finished``: per lease, (tombstone's prefix, kind, result):
     ``"<attempt> <ms from its due time to now> "`` ("": the script reads them from the
     attempts entry), the kind ("": read from its record) and what its handler returned, as
-    JSON text ("": nothing); none given: ("", "", "") each."""
+    JSON text ("": nothing); none given: ("", "", "") each. ``lateness``: the start lateness
+    of the batch's attempts (seconds; negative: not run), for the dashboard's history
+    (delayq/history.py); so for retry and bury."""
     # Each call forgets up to twice the records it adds (at least 20): under any sustained
     # load, finished records leave once their dedupe window has passed instead of piling up.
     trim = trim_limit if trim_limit is not None else max(20, 2 * len(leases))
@@ -266,38 +280,43 @@ def ack(
         rest = [
             x for (i, t), (p, k, r) in zip(leases, finished, strict=True) for x in (i, t, p, k, r)
         ]
-    return core.op(
-        "ack",
-        {
-            "now": core.now_arg(now_ms),
-            "dedupe_ms": core.dedupe_ms,
-            "counter": "discarded" if discarded else "succeeded",
-            "trim_limit": trim,
-            "keep": "1" if core.keep_finished == "record" else "",
-            "channel": core.keys.finished_channel,
-        },
-        rest,
-        _ids,
-    )
+    args: dict[str, Arg] = {
+        "now": core.now_arg(now_ms),
+        "dedupe_ms": core.dedupe_ms,
+        "counter": "discarded" if discarded else "succeeded",
+        "trim_limit": trim,
+        "keep": "1" if core.keep_finished == "record" else "",
+        "channel": core.keys.finished_channel,
+    }
+    key = _history(core, args, lateness, now_ms)
+    return core.op("ack", args, rest, _ids, key)
 
 
 def retry(
-    core: QueueCore, items: Sequence[tuple[str, int, str, str]], *, now_ms: int | None = None
+    core: QueueCore,
+    items: Sequence[tuple[str, int, str, str]],
+    *,
+    lateness: Iterable[float] = (),
+    now_ms: int | None = None,
 ) -> Op[list[str]]:
     """items: (id, token, due spec, error text); the text is escaped (text.escape)."""
     rest: list[Arg] = [x for i, t, d, e in items for x in (i, t, d, escape(e))]
     args: dict[str, Arg] = {"now": core.now_arg(now_ms), "channel": core.keys.wake_channel}
-    return core.op("retry", args, rest, _ids)
+    return core.op("retry", args, rest, _ids, _history(core, args, lateness, now_ms))
 
 
 def bury(
-    core: QueueCore, items: Sequence[tuple[str | bytes, int, str]], *, now_ms: int | None = None
+    core: QueueCore,
+    items: Sequence[tuple[str | bytes, int, str]],
+    *,
+    lateness: Iterable[float] = (),
+    now_ms: int | None = None,
 ) -> Op[list[str]]:
     """items: (id, token, reason); the reason is escaped (text.escape). An id may be the raw
     bytes of an :class:`Unreadable` row; the ids refused come back as text (``\\xNN``)."""
     rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
     args: dict[str, Arg] = {"now": core.now_arg(now_ms), "finished": core.keys.finished_channel}
-    return core.op("bury", args, rest, _ids)
+    return core.op("bury", args, rest, _ids, _history(core, args, lateness, now_ms))
 
 
 def release(
@@ -318,6 +337,41 @@ def release(
         _flat(items),
         _ids,
     )
+
+
+HANDED_BACK, BURIED = 1, 2  # handback's statuses (0: refused, the lease was lost)
+_HANDBACK = SCRIPTS["handback"].reply
+_HANDBACK.require_row("id", "status", "waited")
+
+
+def handback(
+    core: QueueCore,
+    items: Sequence[tuple[str, int, str]],
+    *,
+    grace_ms: int,
+    first_ms: int,
+    most_ms: int,
+    now_ms: int | None = None,
+) -> Op[list[tuple[str, int, int]]]:
+    """Tasks of a kind the worker has no handler for: handed back without counting the
+    attempt until ``grace_ms`` has passed since they fell due, then buried. items: (id,
+    token, reason); parses to (id, status, ms waited since it fell due) per task (status: 0
+    refused, or
+    :data:`HANDED_BACK`, :data:`BURIED`)."""
+    rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
+    args: dict[str, Arg] = {
+        "now": core.now_arg(now_ms),
+        "channel": core.keys.wake_channel,
+        "grace_ms": grace_ms,
+        "first_ms": first_ms,
+        "most_ms": most_ms,
+        "finished": core.keys.finished_channel,
+    }
+    return core.op("handback", args, rest, _handback_rows)
+
+
+def _handback_rows(r: Any) -> list[tuple[str, int, int]]:
+    return [(_text(i), int(s), int(waited)) for i, s, waited in _HANDBACK.rows(r)]
 
 
 def extend(

@@ -48,6 +48,9 @@ class Queue(QueueBase[redis.Redis]):
             ``dq:{name}:...``); every process must use the same one.
         dedupe_window: how long a finished task id is remembered (default 24 h): scheduling
             the id again within it changes nothing.
+        history_window: how long the dashboard's per-minute history of outcomes and
+            lateness is kept (default 24 h, at most 7 days; 0 keeps none). Workers write
+            it: theirs is the queue's that counts.
         max_payload: largest encoded payload accepted, in bytes (default 64 KiB).
         codec: ``"json"`` (default) or ``"msgpack"``.
 
@@ -162,6 +165,11 @@ class Queue(QueueBase[redis.Redis]):
                   shown by ``delayq task show`` and the dashboard. At most 4 KiB as JSON;
                   kept across retries, replays and reschedules (``replace=True`` writes the
                   new call's).
+                - ``priority``: 0-9; among the tasks due, the higher is claimed first (0,
+                  the default, is none: after every prioritised due task, by due time).
+                  Never before its due time. Kept across retries and reschedules; a
+                  ``replace=True`` that gives none keeps a waiting task's
+                  (docs/priorities.md).
         """
         if self.shards.write_checked and not options.get("durable", False):
             # The common case: one call, nothing to plan.
@@ -176,7 +184,10 @@ class Queue(QueueBase[redis.Redis]):
         durable: bool = False,
     ) -> list[Scheduled]:
         """Schedule many tasks in a few round trips; all are validated before any is sent.
-        Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`)."""
+        Returns a :class:`Scheduled` per task, in the order given (see :meth:`schedule`).
+
+        ``tasks``: :class:`TaskSpec` objects, or dicts of their fields. mypy checks a typed
+        task's payload in a ``TaskSpec`` only; in a dict it is checked at run time."""
         return self.runner.drive(self._schedule_many_plan(tasks, replace, durable))
 
     def cancel(self, task_id: str) -> bool:

@@ -356,6 +356,7 @@ NAMES = (
     "retry",
     "bury",
     "release",
+    "handback",
     "extend",
     "reap",
     "cancel",

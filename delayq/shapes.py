@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import sys
 import types
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import (
@@ -40,6 +41,11 @@ from delayq.errors import ConfigurationError
 
 Dump = Callable[[Any, str], Any]  # (value, where) -> JSON value
 Load = Callable[[Any, str], Any]  # (JSON value, where) -> value
+Fields = tuple[dict[str, Any], list[str], set[str]]  # annotations, names, required names
+# The dataclasses and TypedDicts met reading a payload type, by the type itself (two
+# classes may share a name: billing.Item and shop.Item), in the order met: their fields,
+# or None while they are being read (met again then, the type contains itself).
+Records = dict[Any, Fields | None]
 
 SCALARS = (str, int, float, bool, type(None), datetime, date, uuid.UUID, Decimal)
 
@@ -87,14 +93,16 @@ def shape_of(tp: Any) -> Shape:
             f"or a msgspec Struct, got {tp!r}; for a payload of any JSON value, schedule a "
             "plain kind (a str) instead"
         )
-    schemas: dict[str, Any] = {}
-    dump, load = _converters(tp, name, schemas)
-    top = _schema(tp, schemas)
+    records: Records = {}
+    dump, load = _converters(tp, name, records)
+    refs = _def_names(records)
+    top = _schema(tp, refs)
+    defs = {refs[t]: _record_schema(t, fields, refs) for t, fields in records.items() if fields}
 
     def schema() -> dict[str, Any]:
         out = dict(top)
-        if schemas:
-            out["$defs"] = dict(schemas)
+        if defs:
+            out["$defs"] = dict(defs)
         return out
 
     def dumps(value: Any) -> Any:
@@ -109,7 +117,7 @@ def shape_of(tp: Any) -> Shape:
 # -- dataclasses and TypedDicts ------------------------------------------------------------
 
 
-def _converters(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Load]:
+def _converters(tp: Any, where: str, records: Records) -> tuple[Dump, Load]:
     """(dump, load) of one annotation; ConfigurationError naming ``where`` otherwise."""
     if tp is Any:
         return _same, _same
@@ -120,17 +128,17 @@ def _converters(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Loa
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum(tp)
     if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
-        return _record(tp, where, schemas)
+        return _record(tp, where, records)
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal and all(type(a) in (str, int, bool) for a in args):
         return _literal(args)
     if origin is list and len(args) == 1:
-        return _list(*_converters(args[0], f"{where}[]", schemas))
+        return _list(*_converters(args[0], f"{where}[]", records))
     if origin is dict and len(args) == 2 and args[0] is str:
-        return _dict(*_converters(args[1], f"{where}[]", schemas))
+        return _dict(*_converters(args[1], f"{where}[]", records))
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         (inner,) = (a for a in args if a is not type(None))
-        return _optional(*_converters(inner, where, schemas))
+        return _optional(*_converters(inner, where, records))
     raise ConfigurationError(
         f"{where}: {tp!r} is not a payload type delayq encodes; use str, int, float, bool, "
         "None, datetime, date, UUID, Decimal, an Enum, Literal[...], list[X], dict[str, X], "
@@ -142,6 +150,13 @@ def _same(value: Any, where: str) -> Any:
     return value
 
 
+# A value of a subclass mypy lets stand for a field's type is taken as one, and written as
+# the plain value json.dumps writes for it: a StrEnum member or Django's SafeString for a
+# str, an IntEnum member for an int, freezegun's FakeDatetime for a datetime. Not a bool for
+# an int or a float (JSON tells them apart), nor a datetime for a date (its time would be
+# lost): subclasses too, but not what the field means.
+
+
 def _scalar(tp: type, expected: str) -> tuple[Dump, Load]:
     def check(value: Any, where: str) -> Any:
         if type(value) is tp:
@@ -151,30 +166,52 @@ def _scalar(tp: type, expected: str) -> tuple[Dump, Load]:
     return check, check
 
 
+def _text(value: Any, where: str) -> Any:
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # its text (Django's SafeString's own str() is itself)
+    raise _wrong(where, "a string", value)
+
+
+def _int(value: Any, where: str) -> Any:
+    if type(value) is int:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__int__(value)
+    raise _wrong(where, "an integer", value)
+
+
 def _number() -> tuple[Dump, Load]:
     def dump(value: Any, where: str) -> Any:
         if type(value) in (int, float):
             return value
+        if isinstance(value, float):
+            return float.__float__(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int.__int__(value)
         raise _wrong(where, "a number", value)
 
     def load(value: Any, where: str) -> Any:
-        if type(value) in (int, float):
-            return float(value)
-        raise _wrong(where, "a number", value)
+        return float(dump(value, where))
 
     return dump, load
 
 
-def _text_of(tp: type, parse: Callable[[str], Any], expected: str) -> tuple[Dump, Load]:
-    """A value written as a string: ``str(value)`` (an ISO 8601 text for times)."""
+def _text_of(
+    tp: type, parse: Callable[[str], Any], expected: str, but: type | None = None
+) -> tuple[Dump, Load]:
+    """A value written as a string: ``str(value)`` (an ISO 8601 text for times), ``tp``'s
+    own for one of a subclass; ``but``: a subclass refused."""
+    write: Callable[[Any], str] = tp.isoformat if issubclass(tp, date) else tp.__str__
 
     def dump(value: Any, where: str) -> Any:
-        if type(value) is tp:
-            return value.isoformat() if isinstance(value, date) else str(value)
+        if type(value) is tp or (isinstance(value, tp) and not (but and isinstance(value, but))):
+            return write(value)
         raise _wrong(where, expected, value)
 
     def load(value: Any, where: str) -> Any:
-        if type(value) is not str:
+        if not isinstance(value, str):
             raise _wrong(where, expected, value)
         try:
             return parse(value)
@@ -195,7 +232,7 @@ def _decimal_converters() -> tuple[Dump, Load]:
     dump, load = _text_of(Decimal, _decimal, "a decimal number as a string ('12.50')")
 
     def dump_finite(value: Any, where: str) -> Any:
-        if type(value) is Decimal and not value.is_finite():
+        if isinstance(value, Decimal) and not value.is_finite():
             raise _wrong(where, "a finite decimal", value)
         return dump(value, where)
 
@@ -209,12 +246,12 @@ def _date(text: str) -> date:
 
 
 _SCALAR_CONVERTERS: dict[type, tuple[Dump, Load]] = {
-    str: _scalar(str, "a string"),
-    int: _scalar(int, "an integer"),
+    str: (_text, _text),
+    int: (_int, _int),
     bool: _scalar(bool, "true or false"),
     float: _number(),
     datetime: _text_of(datetime, datetime.fromisoformat, "an ISO 8601 date and time"),
-    date: _text_of(date, _date, "an ISO 8601 date (YYYY-MM-DD)"),
+    date: _text_of(date, _date, "an ISO 8601 date (YYYY-MM-DD)", but=datetime),
     uuid.UUID: _text_of(uuid.UUID, uuid.UUID, "a UUID as a string"),
     Decimal: _decimal_converters(),
 }
@@ -276,7 +313,9 @@ def _dict(dump_item: Dump, load_item: Load) -> tuple[Dump, Load]:
             out = {}
             for k, v in value.items():
                 if type(k) is not str:
-                    raise _wrong(where, "an object with string keys", k)
+                    if not isinstance(k, str):
+                        raise _wrong(where, "an object with string keys", k)
+                    k = str.__str__(k)
                 out[k] = item(v, f"{where}[{k!r}]")
             return out
 
@@ -295,7 +334,7 @@ def _optional(dump_inner: Dump, load_inner: Load) -> tuple[Dump, Load]:
     return dump, load
 
 
-def _fields(tp: Any, where: str) -> tuple[dict[str, Any], list[str], set[str]]:
+def _fields(tp: Any, where: str) -> Fields:
     """A dataclass's or TypedDict's (annotations, field names, required names)."""
     try:
         hints = get_type_hints(tp, include_extras=True)
@@ -329,22 +368,17 @@ def _path(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
-def _record(tp: Any, where: str, schemas: dict[str, Any]) -> tuple[Dump, Load]:
+def _record(tp: Any, where: str, records: Records) -> tuple[Dump, Load]:
     """A dataclass or TypedDict: an object whose fields are converted one by one."""
     label = tp.__name__
-    if label in schemas and schemas[label] is None:
+    if tp in records and records[tp] is None:
         raise ConfigurationError(
             f"{where or label}: {label} contains itself; a payload type cannot be recursive"
         )
-    schemas[label] = None  # being read: met again inside itself, it is recursive
+    records[tp] = None  # being read: met again inside itself, it is recursive
     hints, names, required = _fields(tp, where or label)
-    inner = {name: _converters(hints[name], _path(where, name), schemas) for name in names}
-    schemas[label] = {
-        "type": "object",
-        "title": label,
-        "properties": {n: _schema(hints[n], schemas) for n in names},
-        "required": [n for n in names if n in required],
-    }
+    inner = {name: _converters(hints[name], _path(where, name), records) for name in names}
+    records[tp] = hints, names, required
     dumps = {name: pair[0] for name, pair in inner.items()}
     loads = {name: pair[1] for name, pair in inner.items()}
     if dataclasses.is_dataclass(tp):
@@ -403,8 +437,44 @@ def _load_record(tp: Any, loads: dict[str, Load], required: set[str]) -> Load:
     return load
 
 
-def _schema(tp: Any, schemas: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of an annotation _converters accepted (refs into ``schemas``)."""
+def _def_names(records: Records) -> dict[Any, str]:
+    """The ``$defs`` name of each record type: its ``__name__``, or, when another type met
+    has that name too, its module and qualified name (``billing.models.Item``), numbered
+    in the order met when even that is shared (``types.Item``, ``types.Item-2``: what
+    ``make_dataclass`` gives). Only the characters OpenAPI allows in a component's name.
+    The same each time the TaskType is made: the order met is the annotations' order."""
+    counts: dict[str, int] = {}
+    for tp in records:
+        counts[tp.__name__] = counts.get(tp.__name__, 0) + 1
+    out: dict[Any, str] = {}
+    taken: set[str] = set()
+    for tp in records:
+        name = tp.__name__
+        if counts[name] > 1:
+            name = f"{tp.__module__}.{tp.__qualname__}"
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name}-{n}"
+        taken.add(unique)
+        out[tp] = unique
+    return out
+
+
+def _record_schema(tp: Any, fields: Fields, refs: Mapping[Any, str]) -> dict[str, Any]:
+    hints, names, required = fields
+    return {
+        "type": "object",
+        "title": tp.__name__,
+        "properties": {n: _schema(hints[n], refs) for n in names},
+        "required": [n for n in names if n in required],
+    }
+
+
+def _schema(tp: Any, refs: Mapping[Any, str]) -> dict[str, Any]:
+    """The JSON Schema of an annotation _converters accepted (``refs``: each record type's
+    name in ``$defs``)."""
     if get_origin(tp) in (typing.Required, typing.NotRequired):
         (tp,) = get_args(tp)
     simple = {
@@ -425,16 +495,16 @@ def _schema(tp: Any, schemas: dict[str, Any]) -> dict[str, Any]:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return {"enum": [m.value for m in tp]}
     if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
-        return {"$ref": f"#/$defs/{tp.__name__}"}
+        return {"$ref": f"#/$defs/{refs[tp]}"}
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
         return {"enum": list(args)}
     if origin is list:
-        return {"type": "array", "items": _schema(args[0], schemas)}
+        return {"type": "array", "items": _schema(args[0], refs)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _schema(args[1], schemas)}
+        return {"type": "object", "additionalProperties": _schema(args[1], refs)}
     (inner,) = (a for a in args if a is not type(None))  # X | None
-    return {"anyOf": [_schema(inner, schemas), {"type": "null"}]}
+    return {"anyOf": [_schema(inner, refs), {"type": "null"}]}
 
 
 # -- pydantic models and msgspec Structs, when their package is already imported -----------

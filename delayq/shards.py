@@ -58,6 +58,12 @@ def stored_count(root: QueueCore) -> Op[StoredCount]:
 
     def parse(r: Any) -> StoredCount:
         n = _text(r[0])
+        if n and not (n.isdigit() and 1 <= int(n) <= MAX_SHARDS):  # (as the Node client says)
+            raise ConfigurationError(
+                f"queue {root.name!r} stored a shard count of {n}, not one from 1 to the "
+                f"protocol's max_shards ({MAX_SHARDS}): no delayq process opens it; its key "
+                f"{root.keys.shards} was not written by delayq"
+            )
         return StoredCount(int(n) if n else 1, _text(r[1]))
 
     return root.op("reshard_mark", {"action": "read", "move": "", "count": ""}, [], parse)

@@ -54,6 +54,7 @@ class ScheduleOptions(TypedDict, total=False):
     max_attempts: int
     durable: bool
     headers: dict[str, str] | None
+    priority: int | None
 
 
 @dataclass(frozen=True, init=False)
@@ -66,6 +67,9 @@ class TaskSpec:
     ``headers``: context that travels with the task, as ``task.headers`` in its handler
     and ``TaskInfo.headers``: a dict of str to str (trace context, a tenant), at most 4 KiB
     as JSON; None or ``{}`` for none.
+
+    ``priority``: 0-9, the higher claimed first among due tasks (docs/priorities.md); 0 is
+    none; None (not given) is 0 for a new task, and keeps a replaced waiting task's.
     """
 
     kind: str
@@ -75,6 +79,7 @@ class TaskSpec:
     task_id: str | None = None
     max_attempts: int = 0
     headers: dict[str, str] | None = None
+    priority: int | None = None
 
     @overload
     def __init__(
@@ -86,6 +91,7 @@ class TaskSpec:
         task_id: str | None = None,
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
+        priority: int | None = None,
     ) -> None: ...
 
     @overload
@@ -98,6 +104,7 @@ class TaskSpec:
         task_id: str | None = None,
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
+        priority: int | None = None,
     ) -> None: ...
 
     def __init__(
@@ -109,6 +116,7 @@ class TaskSpec:
         task_id: str | None = None,
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
+        priority: int | None = None,
     ) -> None:
         if type(kind) is not str:  # a TaskType's is stored as its plain kind and JSON value
             kind, payload = _plain(kind, payload)
@@ -122,6 +130,7 @@ class TaskSpec:
             max_attempts,
             headers,
         )
+        fields["priority"] = priority
 
 
 def _plain(kind: Any, payload: Any) -> tuple[Any, Any]:
@@ -155,22 +164,26 @@ class CheckedSpec(TaskSpec):
         task_id: str | None = None,
         max_attempts: int = 0,
         headers: dict[str, str] | None = None,
+        priority: int | None = None,
     ) -> None:
         if type(headers) is dict:  # its own copy: what is written is what it holds
             headers = dict(headers)
-        super().__init__(kind, payload, delay, at, task_id, max_attempts, headers)
+        super().__init__(kind, payload, delay, at, task_id, max_attempts, headers, priority)
         # The order of encode_tasks' checks, so a task wrong twice is refused for the same
         # reason either way.
         if task_id is not None:
             validate_task_id(task_id)
         validate_kind(kind)
         validate_max_attempts(max_attempts)
+        if priority is not None:
+            validate_priority(priority)
         self.__dict__["header_field"] = encode_headers(headers)
         self.__dict__["due"] = due_spec(delay, at)
 
     @classmethod
     def many(cls, tasks: Iterable[Sequence[Any]]) -> list[CheckedSpec]:
-        """A CheckedSpec of each (kind, payload, delay, at, task_id, max_attempts, headers),
+        """A CheckedSpec of each (kind, payload, delay, at, task_id, max_attempts, headers[,
+        priority]),
         with a new id for a task_id of None: the checks of one CheckedSpec, each kind, delay
         and ``at`` checked once per call (a batch repeats them; by value and type, so 1 and
         True are told apart). InvalidTaskError at the first task refused."""
@@ -178,7 +191,11 @@ class CheckedSpec(TaskSpec):
         fresh = iter(new_task_ids(sum(1 for row in rows if row[4] is None)))
         checked: dict[tuple[Any, ...], str] = {}  # kind, max_attempts, delay, at -> due
         out = []
-        for kind, payload, delay, at, task_id, max_attempts, headers in rows:
+        for row in rows:
+            kind, payload, delay, at, task_id, max_attempts, headers = row[:7]
+            priority = row[7] if len(row) > 7 else None
+            if priority is not None:
+                validate_priority(priority)
             if task_id is None:
                 task_id = next(fresh)  # made here: nothing to check
             else:
@@ -208,7 +225,9 @@ class CheckedSpec(TaskSpec):
             if type(headers) is dict:
                 headers = dict(headers)
             spec = cls.__new__(cls)
-            TaskSpec.__init__(spec, kind, payload, delay, at, task_id, max_attempts, headers)
+            TaskSpec.__init__(
+                spec, kind, payload, delay, at, task_id, max_attempts, headers, priority
+            )
             spec.__dict__["header_field"], spec.__dict__["due"] = head, due
             out.append(spec)
         return out
@@ -300,6 +319,35 @@ def validate_kind(kind: Any) -> str:
     if _CONTROL.search(kind):
         raise InvalidTaskError(f"kind {kind!r} contains control characters")
     return check_text(kind, "kind")
+
+
+MAX_PRIORITY = 9
+
+
+def priority_due(priority: Any, due: str) -> tuple[int, str]:
+    """A task given a priority: the priority (checked) and its due argument to schedule.lua,
+    ``p<N>:<due>`` (protocol 1.1; ``p0`` says "none", so a replace drops one)."""
+    p = validate_priority(priority)
+    return p, f"p{p}:{due}"
+
+
+def plain_dues(args: list[str]) -> list[str]:
+    """schedule.lua's due arguments without the ``p<N>:`` of a priority given."""
+    return [d[3:] if d[:1] == "p" else d for d in args]
+
+
+def reschedule_due(delay: Duration | None, at: datetime | float | int | None) -> str:
+    """``reschedule``'s due argument: ``delay`` or ``at``, one of them given."""
+    if delay is None and at is None:
+        raise InvalidTaskError("reschedule needs delay= or at=")
+    return due_spec(delay, at)
+
+
+def validate_priority(value: Any) -> int:
+    """A task's priority: an int 0-9 (the higher claimed first; 0 none), else
+    InvalidTaskError."""
+    hint = " (0-9, the higher claimed first among due tasks; 0 is none)"
+    return check.whole(value, "priority", 0, MAX_PRIORITY, error=InvalidTaskError, hint=hint)
 
 
 def validate_max_attempts(value: Any) -> int:

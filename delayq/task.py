@@ -20,8 +20,8 @@ else:
 
     P = TypeVar("P")
 
-State = Literal["scheduled", "active", "done", "dead", "aborted"]
-STATES: tuple[State, ...] = ("scheduled", "active", "done", "dead", "aborted")
+State = Literal["scheduled", "active", "done", "dead", "aborted", "cancelled"]
+STATES: tuple[State, ...] = ("scheduled", "active", "done", "dead", "aborted", "cancelled")
 
 
 class Task(Generic[P]):
@@ -271,8 +271,9 @@ _BY_STATUS: dict[Any, type[Scheduled]] = {c.status: c for c in _BY_CODE.values()
 class TaskInfo:
     """A snapshot of one task, as ``Queue.get`` and ``Queue.dead`` return it.
 
-    ``finished_at`` is when a done task finished, a dead one died or an aborted one was
-    aborted.
+    ``finished_at`` is when a done task finished, a dead one died, an aborted one was
+    aborted or a cancelled one was cancelled. Of a task cancelled within the dedupe window
+    only that is known: its ``kind`` is ``""``, its payload None.
 
     A done or aborted task keeps, by default, only a tombstone for the queue's dedupe window
     (``Queue(..., keep_finished="tombstone")``): its ``state``, ``finished_at``,
@@ -296,6 +297,8 @@ class TaskInfo:
     queue: str = ""
     # What the producer attached (schedule(..., headers=)); {} for none.
     headers: dict[str, str] = field(default_factory=dict)
+    # schedule(..., priority=): 1-9, the higher claimed first among due tasks; 0 for none.
+    priority: int = 0
     # What a done task's handler returned (JSON-decoded); None when it returned None.
     result: Any = None
 

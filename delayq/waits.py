@@ -34,6 +34,8 @@ from delayq.task import TaskInfo
 from delayq.timing import Duration, seconds
 
 FINISHED = frozenset(("done", "dead", "aborted"))
+# A cancelled task (get answers "cancelled" for the dedupe window since protocol 1.1) is
+# waited for no more: TaskNotFound, as for an id never scheduled.
 # A turn at reading the subscription lasts at most this long, so a thread waiting for another
 # id hands it on soon after the message it waited for was read.
 TURN_S = 0.25
@@ -182,7 +184,7 @@ class SyncWaits:
                 lost, seen = board.lost, 0
             info = run(wait_op(core, tid, for_ms))
             while True:
-                if info is None:
+                if info is None or info.state == "cancelled":  # (a cancel's tombstone)
                     raise unknown(tid, core.name)
                 if info.state in FINISHED:
                     return info
@@ -208,7 +210,7 @@ class SyncWaits:
                 elif got or relook:
                     info = run(core.get(tid))
             info = run(core.get(tid))  # the capped look for a lost message
-            if info is None:
+            if info is None or info.state == "cancelled":  # (a cancel's tombstone)
                 raise unknown(tid, core.name)
             if info.state in FINISHED:
                 return info
@@ -286,7 +288,7 @@ class AsyncWaits:
                 lost, seen = board.lost, 0
             info = await self._run(run, wait_op(core, tid, for_ms))
             while True:
-                if info is None:
+                if info is None or info.state == "cancelled":  # (a cancel's tombstone)
                     raise unknown(tid, core.name)
                 if info.state in FINISHED:
                     return info
@@ -314,7 +316,7 @@ class AsyncWaits:
                 elif got or relook:
                     info = await self._run(run, core.get(tid))
             info = await self._run(run, core.get(tid))
-            if info is None:
+            if info is None or info.state == "cancelled":  # (a cancel's tombstone)
                 raise unknown(tid, core.name)
             if info.state in FINISHED:
                 return info

@@ -83,6 +83,11 @@ def _state(queue: Queue, tid: str) -> str | None:
     return info.state if info else None
 
 
+def _last_error(queue: Queue, tid: str) -> str | None:
+    info = queue.get(tid)
+    return info.last_error if info is not None else None
+
+
 def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -> None:
     queue = Queue("orders", url=acl.url)
     worker = Worker(queue, concurrency=4, lease=1, grace=0.2)
@@ -116,6 +121,10 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         queue.schedule("flaky", None, task_id="flaky")
         queue.schedule("fatal", None, task_id="fatal")
         queue.schedule("slow", None, task_id="slow")
+        # Priorities: the prio index and the control hash's marker, retried and rescheduled.
+        queue.schedule("flaky", None, task_id="flaky-p", priority=5)
+        queue.schedule("ok", None, delay=3600, task_id="later-p", priority=7)
+        assert queue.reschedule("later-p", delay=0.05)
         queue.schedule("ok", None, delay=3600, task_id="later")
         assert queue.reschedule("later", delay=0.05)
         queue.schedule("ok", None, delay=3600, task_id="never")
@@ -124,6 +133,8 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         assert queue.abort("stopped")
 
         fresh = queue.schedule("ok", {"order_id": 2})  # a new id: schedule_new.lua
+        # A kind no worker handles: handed back (handback.lua), its attempt not counted.
+        queue.schedule("nobody", None, task_id="unknown")
 
         async def from_asyncio() -> tuple[str, str]:
             async with AsyncQueue("orders", url=acl.url) as aq:
@@ -131,9 +142,11 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
 
         named, afresh = asyncio.run(from_asyncio())
         assert named == "async"
-        done = ("ok", "flaky", "slow", "later", "async", fresh, afresh)
+        done = ("ok", "flaky", "slow", "later", "async", fresh, afresh, "flaky-p", "later-p")
         wait_for(lambda: [_state(queue, tid) for tid in done] == ["done"] * len(done))
         wait_for(lambda: _state(queue, "fatal") == "dead")
+        wait_for(lambda: "unknown kind" in (_last_error(queue, "unknown") or ""))
+        assert _state(queue, "unknown") == "scheduled" and queue.cancel("unknown")
         assert [w.alive for w in queue.workers()] == [True]
         assert [t.id for t in queue.dead()] == ["fatal"]
         assert [t.id for t in queue.page("dead").tasks] == ["fatal"]
@@ -147,11 +160,11 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert queue.workers() == []  # unregistered
     assert SyncRunner(queue.client).run(queue.core.reap()) == 0
     stats = queue.stats()
-    assert stats.counters["succeeded"] == 7 and stats.counters["released"] == 1
+    assert stats.counters["succeeded"] == 9 and stats.counters["released"] == 1
     assert queue.cancel("stuck")
     with Admin(acl.url) as admin:  # resharding runs as the user too
         moved = operate.reshard(admin, "orders", 2)
-    assert moved.ok and moved.done == 8, moved  # 7 done, 1 aborted
+    assert moved.ok and moved.done == 10, moved  # 9 done, 1 aborted
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,11 +76,39 @@ def test_schedule_with_a_human_delay_then_show_cancel(
     assert text.exit_code == 0 and "order.close" in text.output and '"order_id": 42' in text.output
 
     assert cli("task", "cancel", tid, "-q", queue.name).exit_code == 0
-    assert queue.get(tid) is None
+    gone = queue.get(tid)
+    assert gone is not None and gone.state == "cancelled"  # remembered (issue 32 item 7)
     again = cli("task", "cancel", tid, "-q", queue.name)
-    assert again.exit_code == 1 and "no task" in again.output
-    missing = cli("task", "show", tid, "-q", queue.name)
+    assert again.exit_code == 1 and "is cancelled: only a waiting task" in again.output
+    shown = cli("task", "show", tid, "-q", queue.name)
+    assert shown.exit_code == 0 and re.search(r"state  cancelled\n", shown.output), shown.output
+    assert re.search(r"cancelled  \d{4}-\d\d-\d\dT[\d:.]+\+00:00 \(", shown.output)
+    missing = cli("task", "show", "never-" + tid, "-q", queue.name)
     assert missing.exit_code == 1 and "no task" in missing.output
+
+
+def test_task_show_without_a_queue_passes_over_a_queue_it_cannot_open(
+    cli: Callable[..., Result], queue: Queue
+) -> None:
+    """`task show ID` looks in every queue; one whose stored shard count no delayq wrote
+    (another test's, or another program's, on this shared server) made the whole search
+    fail ("shards must be a whole number from 1 to 1,024 ... got 2000")."""
+    queue.client.hset(f"dq:{{{queue.name}-broken}}:shards", mapping={"n": 2000})
+    tid = f"found:{queue.name}"
+    queue.schedule("k", {}, task_id=tid, delay=60)
+    shown = cli("task", "show", tid, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert as_json(shown)["queue"] == queue.name
+    assert cli("task", "show", tid, "-q", f"{queue.name}-broken").exit_code != 0
+
+
+def test_schedule_with_a_priority_shows_it(cli: Callable[..., Result], queue: Queue) -> None:
+    tid = f"p:{queue.name}"
+    out = as_json(cli("schedule", "-q", queue.name, "k", "--priority", "8", "--id", tid, "--json"))
+    assert out["priority"] == 8 and queue.get(tid).priority == 8  # type: ignore[union-attr]
+    assert "priority" in cli("task", "show", tid, "-q", queue.name).output
+    bad = cli("schedule", "-q", queue.name, "k", "--priority", "10")
+    assert bad.exit_code == 2 and "--priority" in bad.output
 
 
 def test_schedule_at_an_iso_time_and_refuses_bad_input(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from delayq import Fail, Queue, Worker
+from delayq import Fail, Queue, Retry, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.errors import ConfigurationError
 
@@ -73,7 +73,14 @@ def csrf_of(html: str) -> str:
 
 
 def test_every_path_needs_the_token(dashboard: str, queue: Queue) -> None:
-    paths = ["/", "/api/queues", "/metrics", "/static/app.js", f"/queues/{queue.name}/dead"]
+    paths = [
+        "/",
+        "/api/queues",
+        f"/api/queues/{queue.name}/history",
+        "/metrics",
+        "/static/app.js",
+        f"/queues/{queue.name}/dead",
+    ]
     with httpx.Client(base_url=dashboard, timeout=10) as http:
         for path in paths:
             r = http.get(path)
@@ -308,6 +315,71 @@ def test_replaying_a_dead_task_by_clicking(
     expect(page.locator(".flash")).to_have_text("deleted 1 dead task(s)")
     assert page.dialogs == ["Delete all 1 dead tasks for good?"]
     assert queue.get(second) is None
+
+
+def _values(chart: Any, css: str) -> list[int]:
+    """The values of a chart's bars of one class, read from their titles ("8 done, ...")."""
+    rects = chart.locator(f"rect.{css}")
+    out = []
+    for i in range(rects.count()):
+        rect = rects.nth(i)
+        assert float(rect.get_attribute("height")) > 0
+        out.append(int(rect.locator("title").text_content().split()[0]))
+    return out
+
+
+@needs_chromium
+def test_the_queue_page_charts_its_history(
+    dashboard: str, queue: Queue, page: Any, run_worker: Callable[[Worker], WorkerThread]
+) -> None:
+    """Issue 32 item 8: a worker runs tasks, some retried and some dead; the queue's page
+    charts them per minute (done, retried, dead stacked) with their start lateness p50 and
+    p99, and /api/queues/<name>/history says the same."""
+    from playwright.sync_api import expect
+
+    failed: set[str] = set()
+    worker = Worker(queue, concurrency=4, lease=10)
+
+    @worker.handler("ok")
+    def ok(task: Any) -> None:
+        return None
+
+    @worker.handler("flaky")
+    def flaky(task: Any) -> None:
+        if task.id not in failed:
+            failed.add(task.id)
+            raise Retry(after=0.05)
+
+    @worker.handler("bad", max_attempts=1)
+    def bad(task: Any) -> None:
+        raise Fail("card declined")
+
+    queue.schedule_many(
+        [{"kind": "ok"} for _ in range(6)]
+        + [{"kind": "flaky"} for _ in range(2)]
+        + [{"kind": "bad"}]
+    )
+    with run_worker(worker):
+        wait_for(lambda: (s := queue.stats()).done == 8 and s.dead == 1)
+        wait_for(lambda: queue.stats().active == 0)
+    page.goto(f"{dashboard}/queues/{queue.name}?token={TOKEN}")
+    outcomes = page.get_by_role("img", name="tasks done, retried and dead per interval")
+    expect(outcomes.locator("rect.ok").first).to_be_visible()
+    assert sum(_values(outcomes, "ok")) == 8
+    assert sum(_values(outcomes, "warn")) == 2
+    assert sum(_values(outcomes, "overdue")) == 1
+    lateness = page.get_by_role("img", name="start lateness p50 and p99 per interval")
+    p99 = lateness.locator("rect.warn")
+    assert p99.count() >= 1 and "p99 ≤" in p99.first.locator("title").text_content()
+    assert sum(_values(lateness, "warn")) == 11  # the starts behind each interval's bar
+    expect(page.locator("section.history")).to_contain_text("8 done, 2 retried, 1 dead")
+    page.goto(f"{dashboard}/queues/{queue.name}?history=24h")
+    assert sum(_values(outcomes, "ok")) == 8
+    got = page.request.get(f"{dashboard}/api/queues/{queue.name}/history").json()
+    assert got["queue"] == queue.name and got["minutes"]
+    total = {f: sum(m[f] for m in got["minutes"]) for f in ("done", "retried", "dead", "started")}
+    assert total == {"done": 8, "retried": 2, "dead": 1, "started": 11}
+    assert all(0 < m["lateness_p50"] <= m["lateness_p99"] < 60 for m in got["minutes"])
 
 
 @needs_chromium

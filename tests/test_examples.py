@@ -122,7 +122,8 @@ async def test_paying_cancels_the_close(
     r = await api.post(f"/orders/{order['id']}/pay")
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "paid" and r.json()["close_task_cancelled"] is True
-    assert await aqueue.get(close_task_id(order["id"])) is None  # the close task is gone
+    gone = await aqueue.get(close_task_id(order["id"]))  # the close task is gone: cancelled
+    assert gone is not None and gone.state == "cancelled"
 
     with run_worker(make_worker(settings)):
         await asyncio.sleep(settings.close_after + 0.5)  # well past the deadline

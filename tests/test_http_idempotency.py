@@ -122,6 +122,28 @@ def test_a_refused_request_frees_its_key_and_a_bad_key_is_422(
     assert len(ids_in(server, qname)) == 1
 
 
+def test_two_key_headers_are_422_and_numbers_compare_by_value(
+    api: httpx.Client, server: EmbeddedServer, qname: str
+) -> None:
+    """Review of issue 31 (cosmetic): two Idempotency-Key headers took the first silently;
+    ``"delay": 60.0`` resent as ``60`` was "another body" (422)."""
+    path = f"/v1/queues/{qname}/tasks"
+    headers = [("Idempotency-Key", "k-a"), ("Idempotency-Key", "k-b")]
+    r = api.post(path, json=BODY, headers=httpx.Headers(headers))
+    assert r.status_code == 422, r.text
+    assert "sent 2 times" in r.json()["detail"] and "'k-b'" in r.json()["detail"]
+    assert ids_in(server, qname) == set()
+    body = '{"kind": "order.close", "payload": {"order_id": 7}, "delay": %s}'
+    sent = {"content-type": "application/json", "Idempotency-Key": "k-num"}
+    first = api.post(path, content=body % "60.0", headers=sent)
+    assert first.status_code == 201, first.text
+    again = api.post(path, content=body % "60", headers=sent)
+    assert again.status_code == 201, again.text
+    assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+    other = api.post(path, content=body % "60.5", headers=sent)
+    assert other.status_code == 422  # another number is another body
+
+
 def test_the_key_record_lives_under_the_queue_tag_for_the_dedupe_window(
     api: httpx.Client, server: EmbeddedServer, qname: str
 ) -> None:
@@ -168,7 +190,8 @@ def test_a_second_request_while_the_first_runs_is_409(
                 assert first.status_code == 201, first.text
                 assert second.status_code == 409, (first.elapsed, second.elapsed)
                 doc = second.json()
-                assert doc["type"] == "urn:delayq:problem:conflict"
+                assert doc["type"] == "urn:delayq:problem:in-flight"  # (it was conflict: review 31)
+                assert doc["title"] == "Idempotency-Key still being answered"
                 assert doc["idempotency_key"] == "k-4" and second.headers["retry-after"] == "1"
                 assert "still being answered" in doc["detail"]
                 third = post(client, path, BODY, "k-4")  # now: the first one's answer

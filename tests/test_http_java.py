@@ -66,7 +66,8 @@ def test_the_java_example_schedules_cancels_and_reschedules(
                 time.sleep(0.05)
             time.sleep(1)  # a cancelled task that ran anyway would show up meanwhile
         assert sorted(ran) == ["order-close:1001", "order-close:1003"], ran
-        assert q.get("order-close:1002") is None  # cancelled: gone, never ran
+        gone = q.get("order-close:1002")  # cancelled: never ran, remembered as cancelled
+        assert gone is not None and gone.state == "cancelled"
         for when, due in ran.values():
             assert when >= due, "ran before its due time"
         when, due = ran["order-close:1003"]

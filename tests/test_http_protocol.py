@@ -224,8 +224,8 @@ def test_an_h2c_upgrade_is_served_as_http_1_1_body_included(
         sock.sendall(request("POST", path, body(4)))  # and the connection goes on
         assert read_response(sock)[0] == 201
     with Queue(qname, url=server.url) as q:
-        found = [q.get(f"h2c-{i}") is not None for i in range(1, 7)]
-        assert found == [True, False, True, True, True, True]
+        states = [getattr(q.get(f"h2c-{i}"), "state", None) for i in range(1, 7)]
+        assert states == ["scheduled", "cancelled"] + ["scheduled"] * 4  # (h2c-2: DELETE)
 
 
 @pytest.mark.skipif(
@@ -472,3 +472,118 @@ def test_delayq_api_refuses_a_zero_timeout() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "--header-timeout" in proc.stderr
+
+
+# -- the API mounted in an application, served by uvicorn -----------------------------------
+
+
+@contextlib.contextmanager
+def uvicorn_serving(redis_url: str, *args: str) -> Iterator[int]:
+    """``uvicorn tests.support.apps.mounted_api:app`` with ``args``; yields its port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "tests.support.apps.mounted_api:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *args,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "DELAYQ_REDIS_URL": redis_url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not listen within 60 s"
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def mounted_h2c_post(port: int, qname: str, tid: str) -> tuple[int, dict[str, str], bytes]:
+    body = json.dumps({"kind": "k", "id": tid, "delay": "15m"}).encode()
+    raw = request("POST", f"/delayq/v1/queues/{qname}/tasks", body, headers=H2C)
+    raw = raw.replace(TOKEN.encode(), b"mounted-api-token-1234")  # (mounted_api.py's)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        return read_response(sock)
+
+
+def test_a_mounted_api_under_plain_uvicorn_names_the_lost_h2c_body(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """Review of issue 31, item 1a: uvicorn's own protocol drops the body of a request
+    offering h2c; the mounted API said "the body is empty" (422), now a 400 naming why and
+    the fix."""
+    with uvicorn_serving(server.url, "--http", "httptools") as port:
+        status, headers, out = mounted_h2c_post(port, qname, "plain-1")
+    assert status == 400, out
+    assert headers["content-type"] == "application/problem+json"
+    detail = json.loads(out)["detail"]
+    assert "Upgrade: h2c" in detail and "delayq.web.protocol:Protocol" in detail
+
+
+def test_a_mounted_api_served_with_delayq_s_protocol_takes_an_h2c_offer(
+    server: EmbeddedServer, qname: str
+) -> None:
+    """Review of issue 31, item 1b: docs/http.md's way to serve a mounted API, ``uvicorn
+    --http delayq.web.protocol:Protocol``, schedules the JDK client's first POST."""
+    with uvicorn_serving(server.url, "--http", "delayq.web.protocol:Protocol") as port:
+        status, _, out = mounted_h2c_post(port, qname, "mounted-1")
+    assert status == 201, out
+    with Queue(qname, url=server.url) as q:
+        assert q.get("mounted-1") is not None
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"GET /healthz HTTP/1.1 extra\r\nHost: x\r\n\r\n", "not valid HTTP/1.1"),
+        (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", "not valid HTTP/1.1"),
+        (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "not valid HTTP/1.1",
+        ),
+        (
+            b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "not valid HTTP/1.1",
+        ),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "speaks HTTP/1.1"),
+    ],
+    ids=["request-line", "header-colon", "chunking", "length-and-chunked", "h2-preface"],
+)
+def test_a_malformed_request_gets_a_400_problem(api_process: Any, raw: bytes, words: str) -> None:
+    """Review of issue 31, item 5: uvicorn answered these with a text/plain 400."""
+    api = api_process()
+    with api.connect() as sock:
+        sock.sendall(raw)
+        status, headers, out = read_response(sock)
+    assert status == 400, out
+    assert headers["content-type"] == "application/problem+json"
+    problem = json.loads(out)
+    assert problem["type"] == "urn:delayq:problem:bad-request" and words in problem["detail"]

@@ -98,6 +98,7 @@ class Model:
     tokens: dict[str, set[int]] = field(default_factory=dict)  # every token handed out
     gone: dict[str, str] = field(default_factory=dict)  # id -> why it is no longer stored
     ever: set[str] = field(default_factory=set)  # ids a schedule call accepted
+    cancelled: dict[str, int] = field(default_factory=dict)  # tombstones: id -> cancel time
 
     def bump(self, counter: str, n: int = 1) -> None:
         if n:  # the scripts only HINCRBY a counter when there is something to count
@@ -124,6 +125,7 @@ class Model:
         status = 0
         if old is None:
             status = 1
+            self.cancelled.pop(task_id, None)  # scheduled again: its tombstone goes
         elif old.state == "scheduled" and replace:
             # Moved: a new record and due time; the attempts made and the last error stay.
             fresh.a, fresh.t, fresh.d, fresh.error = old.a, old.t, old.d, old.error
@@ -252,7 +254,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         k = self.core.keys
-        self.queue.client.delete(*(getattr(k, n) for n in (*STATES, "tasks", "errors", "stats")))
+        names = (*STATES, "cancelled", "tasks", "errors", "stats")
+        self.queue.client.delete(*(getattr(k, n) for n in names))
         self.queue.close()
 
     def active(self) -> list[Task]:
@@ -379,10 +382,13 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, task_id: str) -> None:
         m = self.model
         waiting = task_id in m.in_state("scheduled")
-        assert self.run(self.core.cancel(task_id)) == waiting
+        assert self.run(self.core.cancel(task_id, now_ms=m.now)) == waiting
+        # Every cancel forgets the tombstones whose dedupe window has passed.
+        m.cancelled = {i: at for i, at in m.cancelled.items() if at > m.now - DEDUPE_MS}
         if waiting:
             m.forget(task_id, "cancelled")
             m.bump("cancelled")
+            m.cancelled[task_id] = m.now
 
     @precondition(some_task_stored)
     @rule(task_id=st.sampled_from(IDS))
@@ -568,9 +574,17 @@ class QueueMachine(RuleBasedStateMachine):
         for task_id in IDS:
             t = self.model.tasks.get(task_id)
             info = self.run(self.core.get(task_id))
-            assert (info and (info.state, info.attempts, info.last_error)) == (
-                t and (t.state, t.a, t.error)
-            )
+            want = t and (t.state, t.a, t.error)
+            if t is None and task_id in self.model.cancelled:
+                want = ("cancelled", 0, None)
+            assert (info and (info.state, info.attempts, info.last_error)) == want
+
+    @invariant()
+    def tombstones_match_model(self) -> None:
+        """A cancel leaves a tombstone for the dedupe window, gone when the id is scheduled
+        again or a later cancel finds its window passed (cancel.lua, schedule.lua)."""
+        got = self.queue.client.zrange(self.core.keys.cancelled, 0, -1, withscores=True)
+        assert {i.decode(): int(s) for i, s in got} == self.model.cancelled
 
     @invariant()
     def nothing_silently_disappears(self) -> None:

@@ -25,6 +25,9 @@ import redis
 from delayq import ConfigurationError, Queue, Task, Worker
 from delayq.embedded import EmbeddedServer
 from delayq.keys import shard_of
+from delayq.leasing import claim
+from delayq.protocol.version import PROTOCOL_VERSION
+from delayq.runner import SyncRunner
 
 from .support.helpers import wait_for
 
@@ -132,7 +135,7 @@ def test_node_schedules_and_cancels_and_a_python_worker_runs_the_rest_once_on_ti
             "node.job",
             {"i": 999},
         )
-        assert out["version"] == "1.0"
+        assert out["version"] == PROTOCOL_VERSION
         wait_for(lambda: len(ran) >= 800, timeout=60)
         # Past the last due time of a cancelled task, with a margin: none of them runs.
         time.sleep(max(0.0, started + 4.5 - time.time()))
@@ -256,10 +259,10 @@ def test_node_refuses_a_queue_of_a_newer_protocol_major_and_writes_nothing(
         assert (name, stored, ours, is_configuration) == (
             "ProtocolVersionError",
             "2.0",
-            "1.0",
+            PROTOCOL_VERSION,
             True,
         )
-        assert "speaks delayq protocol 2.0; this client speaks 1.0" in message
+        assert f"speaks delayq protocol 2.0; this client speaks {PROTOCOL_VERSION}" in message
     assert _keys(server.url, qname) == before
 
 
@@ -466,6 +469,76 @@ def test_node_takes_a_stored_limit_above_the_default_on_its_first_call(
         """,
     )
     assert out == "created"
+
+
+def test_node_get_answers_cancelled_with_its_time_as_python_does(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    """A cancel (Node's or Python's) is remembered for the dedupe window: Node's get answers
+    state 'cancelled' and when (issue 32 item 7), and the id is free to schedule again."""
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        await q.schedule('k', {{ n: 1 }}, {{ taskId: 'a', delay: 60 }});
+        const before = Date.now();
+        const cancelled = await q.cancel('a');
+        const info = await q.get('a');
+        const again = await q.schedule('k', {{ n: 2 }}, {{ taskId: 'a', delay: 60 }});
+        const live = await q.get('a');
+        await q.close();
+        return {{ cancelled, info, before, again: again.status, live }};
+        """,
+    )
+    assert out["cancelled"] is True
+    info = out["info"]
+    assert (info["state"], info["kind"], info["payload"]) == ("cancelled", "", None)
+    finished = datetime.fromisoformat(info["finishedAt"].replace("Z", "+00:00")).timestamp()
+    assert abs(finished * 1000 - out["before"]) < 5000
+    assert out["again"] == "created" and out["live"]["state"] == "scheduled"
+    assert out["live"]["payload"] == {"n": 2}
+    with Queue(qname, url=server.url) as q:
+        assert (i := q.get("a")) is not None and i.state == "scheduled"
+        q.schedule("k", task_id="b", delay=60)
+        assert q.cancel("b")
+    python_cancel = run_node(
+        node,
+        server.url,
+        f"const q = new delayq.Queue({json.dumps(qname)}); const i = await q.get('b');"
+        " await q.close(); return i;",
+    )
+    assert python_cancel["state"] == "cancelled" and python_cancel["finishedAt"]
+
+
+def test_node_schedules_with_a_priority_that_python_claims_first_and_replace_keeps(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    at = time.time() - 1
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        await q.scheduleMany([
+          {{ kind: 'k', payload: 1, taskId: 'plain', at: {at - 1!r} }},
+          {{ kind: 'k', payload: 2, taskId: 'high', at: {at!r}, priority: 7 }},
+        ]);
+        const moved = await q.schedule('k', 3, {{ taskId: 'high', at: {at!r}, replace: true }});
+        const info = await q.get('high');
+        let refused = null;
+        try {{ await q.schedule('k', 4, {{ priority: 10 }}); }} catch (e) {{ refused = e.message; }}
+        await q.close();
+        return {{ moved, info, refused }};
+        """,
+    )
+    assert out["moved"]["status"] == "replaced" and out["moved"]["dueAt"] is not None
+    assert out["info"]["priority"] == 7 and out["info"]["payload"] == 3  # kept by the replace
+    assert out["refused"] is not None and "priority" in out["refused"]
+    with Queue(qname, url=server.url) as queue:
+        assert queue.get("high").priority == 7  # type: ignore[union-attr]
+        got = SyncRunner(queue.client).run(claim(queue.core, limit=10, lease_ms=30_000))
+        assert [c.id for c in got.tasks] == ["high", "plain"]  # due later, claimed first
 
 
 def test_node_gets_a_finished_tasks_tombstone_and_result_as_python_does(

@@ -21,6 +21,7 @@ from redis.crc import key_slot
 
 from delayq import Queue, Task, Worker
 from delayq.keys import shard_of
+from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS
 
 from .support.helpers import wait_for
@@ -143,7 +144,7 @@ def test_node_schedules_cancels_and_reschedules_on_a_cluster_and_each_task_runs_
         assert Counter(r["status"] for r in out["results"]) == {"created": 300}
         assert [r["id"] for r in out["results"]] == [f"t{i}" for i in range(300)]
         assert out["cancelled"] == [True] * 60 and out["moved"] == [True] * 40
-        assert out["gone"] is None and out["version"] == "1.0"
+        assert out["gone"]["state"] == "cancelled" and out["version"] == PROTOCOL_VERSION
         info = out["info"]
         assert (info["state"], info["kind"], info["payload"]) == (
             "scheduled",

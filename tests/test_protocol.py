@@ -73,9 +73,9 @@ def test_the_first_write_stamps_the_queue_and_a_read_does_not(
     assert queue.get("nope") is None and queue.protocol_version() == ""  # reads stamp nothing
     assert _keys(server, qname) == set()
     queue.schedule("k", 1, task_id="a", delay=60)
-    assert queue.protocol_version() == PROTOCOL_VERSION == "1.0"
+    assert queue.protocol_version() == PROTOCOL_VERSION == "1.1"
     stored = queue.client.hgetall(queue.shards.root.keys.shards)
-    assert stored == {b"n": b"1", b"protocol": b"1.0"}
+    assert stored == {b"n": b"1", b"protocol": PROTOCOL_VERSION.encode()}
     queue.close()
 
 
@@ -137,11 +137,11 @@ def test_an_older_major_or_a_stamp_that_is_no_version_is_refused(
     _stamp(server, qname, "0.9", n=1)
     with Queue(qname, url=server.url) as queue, pytest.raises(ProtocolVersionError) as err:
         queue.schedule("k")
-    assert "protocol 0.9, an older major than this delayq's 1.0" in str(err.value)
+    assert f"protocol 0.9, an older major than this delayq's {PROTOCOL_VERSION}" in str(err.value)
     _stamp(server, qname, "banana")
     with Queue(qname, url=server.url) as queue, pytest.raises(ProtocolVersionError) as err:
         queue.get("a")
-    assert "'banana', which is not one (this delayq speaks 1.0)" in str(err.value)
+    assert f"'banana', which is not one (this delayq speaks {PROTOCOL_VERSION})" in str(err.value)
 
 
 def test_an_unstamped_queue_made_before_stamping_works_and_is_stamped_by_a_write(
@@ -157,7 +157,7 @@ def test_an_unstamped_queue_made_before_stamping_works_and_is_stamped_by_a_write
         assert info is not None and info.payload == 1
         assert queue.protocol_version() == ""  # a read leaves it so
         queue.schedule("k", 2, task_id="b")
-        assert queue.protocol_version() == "1.0"
+        assert queue.protocol_version() == PROTOCOL_VERSION
         ran: list[Any] = []
         worker = Worker(queue)
         worker.handler("k")(lambda task: ran.append(task.payload))
@@ -172,7 +172,8 @@ def test_a_queue_of_the_same_major_is_used_as_is(
     _stamp(server, qname, stamp, n=1)
     with Queue(qname, url=server.url) as queue:
         queue.schedule("k", 1, task_id="a", delay=60)
-        assert queue.protocol_version() == stamp  # ("1" is 1.0: not raised)
+        # Used as is; a write raises an earlier minor to this delayq's ("1" is 1.0)
+        assert queue.protocol_version() == ("1.7" if stamp == "1.7" else PROTOCOL_VERSION)
 
 
 def test_the_script_raises_the_minor_of_its_major_and_never_lowers_or_crosses_it(
@@ -422,7 +423,8 @@ def test_max_shards_bounds_the_shard_count_which_the_script_itself_does_not_chec
     r = redis.Redis.from_url(server.url)
     try:  # the shards script stores whatever count it is sent
         args = {"want": "2000", "store": "1", "protocol": PROTOCOL_VERSION}
-        assert _run(r, "shards", other, args, []) == [2000, b"1.0", b"", b"", b""]
+        reply = _run(r, "shards", other, args, [])
+        assert reply == [2000, PROTOCOL_VERSION.encode(), b"", b"", b""]
     finally:
         r.close()
     with pytest.raises(ConfigurationError, match="from 1 to 1,024"):  # no delayq opens it
@@ -434,12 +436,16 @@ def test_a_cancelled_id_can_be_scheduled_again_at_once(server: EmbeddedServer, q
     try:
         assert _schedule(r, qname, [("a", "+60000", _record("k", "1"))], False) == [1]
         first = float(r.zscore(QueueKeys(qname).scheduled, "a") or 0)
-        assert (
-            _run(r, "cancel", qname, {"id": "a", "finished": QueueKeys(qname).finished_channel}, [])
-            == 1
-        )
-        assert _run(r, "get", qname, {"id": "a"}, []) is None  # forgotten, record and all
+        args = {"id": "a", "now": "", "dedupe_ms": 60_000, "trim_limit": 100}
+        args["finished"] = QueueKeys(qname).finished_channel
+        assert _run(r, "cancel", qname, args, []) == 1
+        # Forgotten, record and all; a tombstone says when it was cancelled (protocol 1.1).
+        state, at, record, error, attempt, result = _run(r, "get", qname, {"id": "a"}, [])
+        assert (state, record, error, attempt, result) == (b"cancelled", b"", None, None, None)
+        assert float(at) >= first - 60_000
+        assert not r.hexists(QueueKeys(qname).tasks, "a")
         assert _schedule(r, qname, [("a", "+120000", _record("k", "2"))], False) == [1]
+        assert r.zscore(QueueKeys(qname).cancelled, "a") is None  # the tombstone goes
         state, score, record, _, _, _ = _run(r, "get", qname, {"id": "a"}, [])
         assert (state, record) == (b"scheduled", _record("k", "2").encode())
         assert float(score) >= first + 59000  # the new call's due time

@@ -15,6 +15,7 @@ from delayq.cli.main import main
 from delayq.embedded import EmbeddedServer
 from delayq.keys import QueueKeys
 from delayq.protocol.export import MANIFEST, PRODUCER_SCRIPTS, export
+from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, file_of, parse_header, parse_reply
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +25,7 @@ NODE_COPY = ROOT / "clients" / "node" / "protocol"
 def _exported(tmp_path: Path) -> tuple[Path, dict]:  # type: ignore[type-arg]
     result = CliRunner().invoke(main, ["protocol", "export", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert "wrote 8 scripts and manifest.json (protocol 1.0)" in result.output
+    assert f"wrote 8 scripts and manifest.json (protocol {PROTOCOL_VERSION})" in result.output
     out = tmp_path / "out"
     return out, json.loads((out / MANIFEST).read_text(encoding="utf-8"))
 
@@ -49,7 +50,7 @@ def test_the_exported_scripts_are_what_the_server_loads(
 
 def test_the_manifest_says_what_each_scripts_header_declares(tmp_path: Path) -> None:
     _, manifest = _exported(tmp_path)
-    assert manifest["protocol"] == "1.0" and manifest["default_prefix"] == "dq"
+    assert manifest["protocol"] == PROTOCOL_VERSION and manifest["default_prefix"] == "dq"
     keys = QueueKeys("orders")
     for attribute, suffix in manifest["keys"].items():  # the layout the keys module spells
         assert getattr(keys, attribute) == f"dq:{{orders}}:{suffix}"

@@ -26,7 +26,17 @@ from delayq.core import Op, QueueCore
 from delayq.expiring import ops as expiring
 from delayq.http import idempotency
 from delayq.keys import Key, QueueKeys
-from delayq.leasing import ClaimResult, ack, bury, claim, extend, release, retry, unregister
+from delayq.leasing import (
+    ClaimResult,
+    ack,
+    bury,
+    claim,
+    extend,
+    handback,
+    release,
+    retry,
+    unregister,
+)
 from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS, file_of, parse_header
 from delayq.settings import Given
@@ -998,6 +1008,123 @@ def test_release_returns_held_tasks_unrun(queue: Queue, case: Case) -> None:
     check(queue, case)
 
 
+def handback_op(*items: tuple[str, int, str]) -> Build:
+    return lambda c: handback(
+        c, list(items), grace_ms=60_000, first_ms=1_000, most_ms=10_000, now_ms=NOW
+    )
+
+
+def since(ms: int) -> str:
+    return f"unknown kind since {ms}: no handler"
+
+
+@pytest.mark.parametrize(
+    "case",
+    table(
+        Case(
+            "first met: handed back, attempt given back, waits as long as it was due, since kept",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=1, t=7, d=NOW - 5_000)}),
+            handback_op(("a", 7, "no handler")),
+            [("a", 1, 5_000)],
+            S(
+                scheduled={"a": NOW + 5_000},
+                tasks={"a": T(a=0, t=7, d=NOW - 5_000)},
+                errors={"a": since(NOW - 5_000)},
+                stats={"unknown_kind": 1},
+            ),
+        ),
+        Case(
+            "met again: since is the first time's, not this claim's due; the wait is capped",
+            S(
+                active={"a": NOW + 1_000},
+                tasks={"a": T(a=1, t=7, d=NOW - 1_000)},
+                errors={"a": since(NOW - 50_000)},
+            ),
+            handback_op(("a", 7, "no handler")),
+            [("a", 1, 50_000)],
+            S(
+                scheduled={"a": NOW + 10_000},
+                tasks={"a": T(a=0, t=7, d=NOW - 1_000)},
+                errors={"a": since(NOW - 50_000)},
+                stats={"unknown_kind": 1},
+            ),
+        ),
+        Case(
+            "just due: the first wait is first_ms",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=1, t=7, d=NOW)}),
+            handback_op(("a", 7, "no handler")),
+            [("a", 1, 0)],
+            S(
+                scheduled={"a": NOW + 1_000},
+                tasks={"a": T(a=0, t=7, d=NOW)},
+                errors={"a": since(NOW)},
+                stats={"unknown_kind": 1},
+            ),
+        ),
+        Case(
+            "an earlier error of another kind (a retry) is not a since: this claim's due is",
+            S(
+                active={"a": NOW + 1_000},
+                tasks={"a": T(a=2, t=7, d=NOW - 2_000)},
+                errors={"a": "boom"},
+            ),
+            handback_op(("a", 7, "no handler")),
+            [("a", 1, 2_000)],
+            S(
+                scheduled={"a": NOW + 2_000},
+                tasks={"a": T(a=1, t=7, d=NOW - 2_000)},
+                errors={"a": since(NOW - 2_000)},
+                stats={"unknown_kind": 1},
+            ),
+        ),
+        Case(
+            "the grace over: buried with the reason, no attempt counted",
+            S(
+                active={"a": NOW + 1_000},
+                tasks={"a": T(a=1, t=7, d=NOW - 1_000)},
+                errors={"a": since(NOW - 60_000)},
+            ),
+            handback_op(("a", 7, "no handler")),
+            [("a", 2, 60_000)],
+            S(
+                dead={"a": NOW},
+                tasks={"a": T(a=0, t=7, d=NOW - 1_000)},
+                errors={
+                    "a": "no handler; handed back for 60 s since it fell due, and "
+                    "unknown_kind_grace is 60 s"
+                },
+                stats={"dead": 1},
+            ),
+        ),
+        Case(
+            "a due time before 1970 (another program's) is long due: buried at once",
+            S(active={"a": NOW + 1_000}, tasks={"a": T(a=1, t=7, d=-5_000)}),
+            handback_op(("a", 7, "no handler")),
+            [("a", 2, NOW)],
+            S(
+                dead={"a": NOW},
+                tasks={"a": T(a=0, t=7, d=-5_000)},
+                errors={
+                    "a": f"no handler; handed back for {NOW // 1000} s since it fell due, and "
+                    "unknown_kind_grace is 60 s"
+                },
+                stats={"dead": 1},
+            ),
+        ),
+        Case(
+            "a wrong token is refused, nothing changes",
+            ACTIVE,
+            handback_op(("a", 8, "no handler")),
+            [("a", 0, 0)],
+        ),
+    ),
+)
+def test_handback_returns_tasks_of_unknown_kinds_until_their_grace_ends(
+    queue: Queue, case: Case
+) -> None:
+    check(queue, case)
+
+
 @pytest.mark.parametrize(
     "case",
     table(
@@ -1390,6 +1517,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         retry(core, [("a", 1, "+1", "e")], now_ms=NOW),
         bury(core, [("a", 1, "r")], now_ms=NOW),
         release(core, [("a", 1)], now_ms=NOW),
+        handback(core, [("a", 1, "r")], grace_ms=1, first_ms=1, most_ms=1, now_ms=NOW),
         extend(core, [("a", 1)], lease_ms=LEASE, now_ms=NOW),
         core.reap(now_ms=NOW),
         core.shard_count(1),
@@ -1509,21 +1637,16 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
 
 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
-    script, keys = SCRIPTS["cancel"], QueueKeys("q")
-    args = {"id": "a", "finished": keys.finished_channel}
+    script, keys = SCRIPTS["get"], QueueKeys("q")
+    args = {"id": "a"}
     assert script.keys_and_args(keys, args) == (
         [
-            keys.scheduled,
-            keys.tasks,
-            keys.errors,
-            keys.stats,
-            keys.attempts,
-            keys.xkeys,
-            keys.waits,
+            *(keys.scheduled, keys.active, keys.dead, keys.done, keys.tasks, keys.errors),
+            *(keys.attempts, keys.aborted, keys.cancelled, keys.results, keys.kinds),
         ],
-        ["a", keys.finished_channel],
+        ["a"],
     )
-    for bad in ({}, {"id": "a"}, {**args, "extra": 1}):
+    for bad in ({}, {**args, "extra": 1}):
         with pytest.raises(TypeError):
             script.keys_and_args(keys, bad)
     with pytest.raises(TypeError):

@@ -61,7 +61,9 @@ def plain(server: EmbeddedServer, qname: str) -> Iterator[Queue]:
 def test_cli_sets_then_shows_the_settings_as_text_and_json(
     server: EmbeddedServer, qname: str
 ) -> None:
-    done = cli(server, "-q", qname, "--dedupe-window", "1h", "--max-payload", "16KiB")
+    done = cli(
+        server, "-q", qname, "--dedupe-window", "1h", "--max-payload", "16KiB", "--allow-empty"
+    )
     assert done.returncode == 0, done.stderr
     assert "1h" in done.stdout and "16 KiB (16384 bytes)" in done.stdout
     fields = stored_fields(server, qname)
@@ -80,9 +82,11 @@ def test_cli_sets_then_shows_the_settings_as_text_and_json(
     assert "codec" in text and "default" in text and "stored with the queue" in text
 
 
-def test_cli_refuses_a_queue_never_written_unless_allow_empty_and_setting_begins_it(
+def test_cli_refuses_a_queue_never_written_unless_allow_empty_to_show_or_set(
     server: EmbeddedServer, qname: str
 ) -> None:
+    """Review of issue 31, item 6: setting (``--max-payload 1000``) wrote to a queue never
+    written, a probable typo showing refuses."""
     refused = cli(server, "-q", qname)
     assert refused.returncode == 2 and f"no queue '{qname}'" in refused.stderr
     assert "--allow-empty" in refused.stderr
@@ -91,8 +95,13 @@ def test_cli_refuses_a_queue_never_written_unless_allow_empty_and_setting_begins
     assert json.loads(empty.stdout)["max_payload"] == 64 * 1024
     with Admin(server.url) as admin:
         assert not admin.exists(qname)  # showing wrote nothing
-        assert cli(server, "-q", qname, "--codec", "json").returncode == 0
-        assert admin.exists(qname)  # setting began it
+        typo = cli(server, "-q", qname, "--max-payload", "1000")
+        assert typo.returncode == 2 and f"no queue '{qname}'" in typo.stderr, typo.stderr
+        assert "--allow-empty" in typo.stderr
+        assert not admin.exists(qname) and stored_fields(server, qname) == {}
+        assert cli(server, "-q", qname, "--codec", "json", "--allow-empty").returncode == 0
+        assert admin.exists(qname)  # setting with --allow-empty began it
+        assert cli(server, "-q", qname, "--max-payload", "1000").returncode == 0  # known now
 
 
 def test_cli_refuses_bad_values_with_exit_2_naming_the_option(
@@ -100,7 +109,7 @@ def test_cli_refuses_bad_values_with_exit_2_naming_the_option(
 ) -> None:
     bad = cli(server, "-q", qname, "--max-payload", "lots")
     assert bad.returncode == 2 and "--max-payload" in bad.stderr and "16KiB" in bad.stderr
-    zero = cli(server, "-q", qname, "--max-payload", "0")
+    zero = cli(server, "-q", qname, "--max-payload", "0", "--allow-empty")
     assert zero.returncode == 2 and "max_payload must be a whole number" in zero.stderr
     soon = cli(server, "-q", qname, "--dedupe-window", "soon")
     assert soon.returncode == 2 and "--dedupe-window" in soon.stderr
@@ -271,15 +280,16 @@ async def api(server: EmbeddedServer) -> AsyncIterator[httpx.AsyncClient]:
 async def test_the_api_refuses_a_payload_over_the_stored_max_payload_with_413(
     api: httpx.AsyncClient, server: EmbeddedServer, qname: str
 ) -> None:
-    assert cli(server, "-q", qname, "--max-payload", "1000").returncode == 0
+    assert cli(server, "-q", qname, "--max-payload", "1000", "--allow-empty").returncode == 0
     big = {"kind": "k", "payload": "x" * 1498}  # 1,500 bytes encoded
     r = await api.post(f"/v1/queues/{qname}/tasks", json=big)
     assert r.status_code == 413, r.text
     assert r.headers["content-type"] == "application/problem+json"
     assert "1000" in r.json()["detail"] and "1500" in r.json()["detail"]
+    assert "until restarted" in r.json()["detail"]  # (review 31: the API keeps what it read)
     r = await api.post(f"/v1/queues/{qname}/tasks/batch", json={"tasks": [{"kind": "k"}, big]})
     assert r.status_code == 413, r.text
-    assert "1000" in r.json()["detail"]
+    assert "1000" in r.json()["detail"] and "until restarted" in r.json()["detail"]
     ok = await api.post(f"/v1/queues/{qname}/tasks", json={"kind": "k", "payload": "x" * 900})
     assert ok.status_code == 201, ok.text
 

@@ -134,6 +134,34 @@ def test_a_typed_task_is_written_as_the_plain_kind_and_the_json_of_its_fields(
     assert json.loads(payload_of(queue, "ship")) == plain
 
 
+class Channel(enum.StrEnum):
+    EMAIL = "email"
+
+
+class Priority(enum.IntEnum):
+    HIGH = 2
+
+
+@dataclass
+class Notify:
+    channel: str
+    body: str
+    rank: int
+
+
+def test_a_str_subclass_mypy_accepts_is_written_as_its_text(queue: Queue) -> None:
+    # A StrEnum member for a str field, Django's SafeString (render_to_string, mark_safe),
+    # an IntEnum member for an int: each was refused ("expected a string, got SafeString").
+    mark_safe = pytest.importorskip("django.utils.safestring").mark_safe
+    notify = TaskType("notify", Notify)
+    value = Notify(Channel.EMAIL, mark_safe("<b>hi</b>"), Priority.HIGH)
+    queue.schedule(notify, value, task_id="t")
+    plain = {"channel": "email", "body": "<b>hi</b>", "rank": 2}
+    queue.schedule("notify", plain, task_id="p")
+    assert payload_of(queue, "t") == payload_of(queue, "p")
+    assert json.loads(payload_of(queue, "t")) == plain
+
+
 def test_schedule_many_takes_task_specs_of_a_typed_task(queue: Queue) -> None:
     queue.schedule_many(
         [
@@ -144,6 +172,15 @@ def test_schedule_many_takes_task_specs_of_a_typed_task(queue: Queue) -> None:
     )
     assert payload_of(queue, "b") == b'{"order_id":2,"reason":"paid twice"}'
     assert payload_of(queue, "c") == b'{"order_id":3,"reason":"unpaid"}'
+    # mypy cannot check the dict form (docs/concepts.md): the run time does, before writing.
+    with pytest.raises(InvalidTaskError, match=r"'order.close' \(CloseOrder\).*Line"):
+        queue.schedule_many(
+            [
+                {"kind": close_order, "payload": CloseOrder(4), "task_id": "d"},
+                {"kind": close_order, "payload": Line("a"), "task_id": "e"},
+            ]
+        )
+    assert queue.get("d") is None and queue.get("e") is None
 
 
 async def test_async_queue_schedules_a_typed_task(aqueue: AsyncQueue) -> None:
@@ -588,6 +625,47 @@ async def test_the_openapi_document_gives_each_typed_kinds_payload_schema(
     assert task.is_valid({"kind": "ship", "payload": shipment})
     assert not task.is_valid({"kind": "ship", "payload": {**shipment, "size": "xl"}})
     assert not task.is_valid({"kind": "ship", "payload": {**shipment, "lines": [{"qty": 1}]}})
+
+
+class billing:  # a module's stand-in: its Item is billing.Item
+    @dataclass
+    class Item:
+        amount_cents: int
+
+
+class shop:
+    @dataclass
+    class Item:
+        sku: str
+        charge: billing.Item
+
+
+@dataclass
+class Basket:
+    item: shop.Item
+    refund: billing.Item
+
+
+async def test_two_payload_types_of_one_name_get_a_component_each(server: Any) -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    basket = TaskType("basket", Basket)  # refused before: "Item contains itself"
+    app = create_app(server.url, token=TOKEN, task_types=[basket])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api"
+    ) as client:
+        doc = (await client.get("/openapi.json")).json()
+    await app.state.api.aclose()
+    components = doc["components"]["schemas"]
+    for ref in _refs(doc):
+        assert ref.removeprefix("#/components/schemas/") in components, ref
+    task = jsonschema_rs.validator_for(
+        {"$ref": "#/components/schemas/Task", "components": doc["components"]}
+    )
+    good = basket.dump(Basket(shop.Item("a", billing.Item(5)), billing.Item(2)))
+    assert task.is_valid({"kind": "basket", "payload": good})
+    assert not task.is_valid({"kind": "basket", "payload": {**good, "refund": {"sku": "a"}}})
+    bad_item = {"sku": "a", "charge": {"sku": "b"}}
+    assert not task.is_valid({"kind": "basket", "payload": {**good, "item": bad_item}})
 
 
 async def test_the_api_refuses_a_typed_kinds_bad_payload_unwritten(

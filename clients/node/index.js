@@ -37,6 +37,7 @@ const DEFAULT_DEDUPE_WINDOW = 86400; // seconds
 const MAX_DELAY_S = 10 * 365 * 24 * 3600;
 const MAX_AT_S = 253402300799; // 9999-12-31T23:59:59Z
 const SCHEDULE_BATCH = 1000; // tasks per script call
+const TRIM_LIMIT = 100; // tombstones of past cancels a cancel forgets at most (delayq's ABORT_TRIM)
 const HOME_ID_PREFIXES = ['cron:', 'x:']; // ids that stay on shard 0
 const STATUS = { 0: 'unchanged', 1: 'created', 2: 'replaced', 3: 'running' };
 
@@ -139,6 +140,17 @@ function validateMaxAttempts(value) {
   return value;
 }
 
+/** A task's priority: a whole number 0-9 (the higher claimed first among due tasks). */
+function validatePriority(value) {
+  if (!Number.isInteger(value) || value < 0 || value > 9) {
+    throw new InvalidTaskError(
+      `priority must be a whole number from 0 to 9 (the higher claimed first among due ` +
+        `tasks; 0 is none), got ${JSON.stringify(value)}`
+    );
+  }
+  return value;
+}
+
 function encodeHeaders(headers) {
   if (headers == null) return '';
   if (typeof headers !== 'object' || Array.isArray(headers)) {
@@ -214,6 +226,7 @@ function shardOf(taskId, n) {
  * schedule replies after its statuses (protocol 1.1): lib/due.lua's dq_due.
  */
 function storedDue(due, now) {
+  if (due[0] === 'p') due = due.slice(3); // "p<N>:<due>": a priority given
   return due[0] === '+' ? Number(now) + Number(due.slice(1)) : Number(due);
 }
 
@@ -494,15 +507,16 @@ class Queue {
     return this.shardCheck(false);
   }
 
-  /** A record's header up to its created time, per kind and max attempts (cached). */
-  headerPrefix(kind, maxAttempts) {
+  /** A record's header up to its created time, per kind, max attempts and priority (cached). */
+  headerPrefix(kind, maxAttempts, priority = 0) {
     if (typeof kind !== 'string') validateKind(kind); // (throws: the cache holds strings)
     validateMaxAttempts(maxAttempts);
-    const cacheKey = `${maxAttempts} ${kind}`;
+    const cacheKey = `${maxAttempts} ${priority} ${kind}`;
     let prefix = this.prefixes.get(cacheKey);
     if (prefix === undefined) {
       const header = { k: validateKind(kind) };
       if (maxAttempts) header.m = maxAttempts;
+      if (priority) header.p = priority; // (protocol 1.1)
       prefix = JSON.stringify(header).slice(0, -1) + ',"c":';
       if (this.prefixes.size > 1000) this.prefixes.clear();
       this.prefixes.set(cacheKey, prefix);
@@ -516,7 +530,11 @@ class Queue {
       throw new InvalidTaskError(`a task is an object {kind, payload, ...}, got ${task}`);
     }
     const id = task.taskId == null ? generatedId : validateTaskId(task.taskId);
-    const prefix = this.headerPrefix(task.kind, task.maxAttempts ?? 0);
+    // A priority given goes in the record ("p", 1-9) and in the due argument, "p<N>:<due>"
+    // (protocol 1.1: the script indexes the task; 0 says none, and a replace without one
+    // keeps a waiting task's).
+    const priority = task.priority == null ? null : validatePriority(task.priority);
+    const prefix = this.headerPrefix(task.kind, task.maxAttempts ?? 0, priority || 0);
     let data;
     try {
       data = JSON.stringify(task.payload === undefined ? null : task.payload);
@@ -533,13 +551,14 @@ class Queue {
     }
     const headers = task.headers == null ? '' : encodeHeaders(task.headers);
     const record = `${prefix}${createdMs}${headers}}\n${data}`;
-    return { id, due: dueSpec(task.delay, task.at), record };
+    const due = dueSpec(task.delay, task.at);
+    return { id, due: priority == null ? due : `p${priority}:${due}`, record };
   }
 
   /**
    * Schedule many tasks in a few round trips; every task is validated before any is sent.
    * Each task: {kind, payload, delay (s) | at (Date or Unix s), taskId, maxAttempts,
-   * headers}. Returns [{id, status, dueAt}] in the order given; status is 'created',
+   * headers, priority (0-9, the higher claimed first among due tasks)}. Returns [{id, status, dueAt}] in the order given; status is 'created',
    * 'replaced', 'unchanged' or 'running' (see Queue.schedule in delayq's docs); dueAt, for a
    * task created or replaced, is the due time the script stored (the server's clock: what
    * get answers), else null.
@@ -625,12 +644,21 @@ class Queue {
     return result;
   }
 
-  /** Remove a waiting task; true if it was still waiting. */
+  /**
+   * Remove a waiting task; true if it was still waiting. It is remembered as cancelled for
+   * the dedupe window (get answers state 'cancelled'); the id may be scheduled again at once.
+   */
   async cancel(taskId) {
     validateTaskId(taskId);
     await this.check(false);
     const tag = this.tag(shardOf(taskId, this.n));
-    const args = { id: taskId, finished: this.key(tag, 'finished_channel') };
+    const args = {
+      id: taskId,
+      now: '',
+      dedupe_ms: this.dedupeMs,
+      trim_limit: TRIM_LIMIT,
+      finished: this.key(tag, 'finished_channel'),
+    };
     return Number(await this.call('cancel', tag, args)) === 1;
   }
 
@@ -666,6 +694,24 @@ class Queue {
         result = stored;
       }
     }
+    if (state === 'cancelled') {
+      // Only a tombstone is left: the id and when it was cancelled, as Python's get says.
+      return {
+        id: taskId,
+        kind: '',
+        payload: null,
+        state,
+        dueAt: null,
+        attempts: 0,
+        maxAttempts: 0,
+        lastError: null,
+        createdAt: null,
+        leaseDeadline: null,
+        finishedAt: msToDate(when),
+        headers: {},
+        result: null,
+      };
+    }
     const finishedAt =
       state === 'done' || state === 'dead' || state === 'aborted' ? msToDate(when) : null;
     const tomb = (state === 'done' || state === 'aborted') && /^(\d+) (-?\d*) (.*)$/s.exec(record);
@@ -683,6 +729,7 @@ class Queue {
         leaseDeadline: null,
         finishedAt,
         headers: {},
+        priority: 0,
         result,
       };
     }
@@ -716,6 +763,7 @@ class Queue {
       leaseDeadline: state === 'active' ? msToDate(when) : null,
       finishedAt,
       headers: header && header.h ? header.h : {},
+      priority: header && Number.isInteger(header.p) && header.p >= 1 && header.p <= 9 ? header.p : 0,
       result,
     };
   }

@@ -21,7 +21,8 @@ from delayq.connection import redact, resolve_url, sync_client
 from delayq.controls import Controls, RateLimit, backlog_s, merged
 from delayq.controls import read as read_controls
 from delayq.core import MAX_SEEK, ROWS, Op, QueueCore, check_page
-from delayq.errors import InvalidTaskError
+from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.history import READ_SPANS, SPAN_MS, History, history_of, span_of
 from delayq.info import as_bytes, as_str
 from delayq.keys import DEFAULT_PREFIX, Key, QueueKeys, validate_queue_name
 from delayq.queue import Queue
@@ -385,12 +386,38 @@ class Admin:
         merged = sorted((f for p in parts for f in p), key=lambda f: f.finished_at, reverse=True)
         return merged[:limit]
 
+    def history(self, name: str) -> History:
+        """The queue's per-minute outcomes and lateness (every shard's summed), as workers
+        wrote them over its ``history_window``: the dashboard's history charts."""
+        cores = self.queue(name).shards.cores
+        try:
+            now_s, now_us = self.client.time()
+            now_ms = now_s * 1000 + now_us // 1000
+            step = SPAN_MS // 60_000
+            last = span_of(now_ms) + step  # (a worker whose clock is ahead)
+            pipe = self.client.pipeline(transaction=False)
+            for core in cores:
+                for span in range(last - (READ_SPANS - 1) * step, last + 1, step):
+                    pipe.hgetall(core.keys.history(span))
+            hashes = pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise translate(e, self.client) from None
+        return history_of(now_ms, hashes)
+
     def task(self, name: str, task_id: str) -> TaskInfo | None:
         return self.queue(name).get(task_id)
 
     def find_task(self, task_id: str, names: Iterable[str] | None = None) -> list[TaskInfo]:
-        """Look a task id up in several queues at once (one round trip)."""
-        queues = [self.queue(n) for n in (self.queue_names() if names is None else names)]
+        """Look a task id up in several queues at once (one round trip). Looking in every
+        queue found (``names`` None), one that cannot be opened (a shard count or protocol
+        version no delayq wrote) is passed over, not a failure of the search."""
+        queues = []
+        for n in self.queue_names() if names is None else names:
+            try:
+                queues.append(self.queue(n))
+            except ConfigurationError:
+                if names is not None:
+                    raise
         cores = [q.shards.of(task_id) for q in queues]
         if not cores:
             return []

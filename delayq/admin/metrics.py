@@ -26,11 +26,11 @@ from prometheus_client import (
     GCCollector,
     Histogram,
     ProcessCollector,
-    start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from delayq.admin import probes
 from delayq.admin.inspect import Admin
 from delayq.errors import DelayqError
 from delayq.queue import AsyncQueue, Queue
@@ -185,6 +185,11 @@ class WorkerMetrics:
             "delayq_tasks_aborted",
             "Attempts stopped because their task was aborted (queue.abort); not failures.",
         )
+        self.unknown_kind = counter(
+            "delayq_tasks_unknown_kind",
+            "Claims of tasks whose kind this worker has no handler for: handed back, the "
+            "attempt not counted (buried once unknown_kind_grace has passed).",
+        )
         self.lateness = Histogram(
             "delayq_task_lateness_seconds",
             "Start of the handler minus the task's due time.",
@@ -248,6 +253,8 @@ class WorkerMetrics:
             self.lease_lost.labels(*labels).inc()
         elif ev.event == "aborted":
             self.aborted.labels(*labels).inc()
+        elif ev.event == "unknown_kind":
+            self.unknown_kind.labels(*labels).inc()
 
     def _no_outcome(self, ev: TaskEvent, labels: tuple[str, str]) -> None:
         """The events that are no attempt's outcome: its start, a thread that outlives it."""
@@ -280,7 +287,8 @@ def queues_admin(queues: list[Queue | AsyncQueue]) -> Admin:
 
 
 class MetricsServer:
-    """A worker's ``/metrics`` HTTP endpoint (a thread); :meth:`stop` closes it."""
+    """A worker's ``/metrics`` HTTP endpoint, with ``/livez`` and ``/readyz``
+    (``admin/probes.py``), in a thread; :meth:`stop` closes it."""
 
     def __init__(self, worker: Worker, port: int, host: str = "127.0.0.1") -> None:
         self.registry = CollectorRegistry()
@@ -290,7 +298,9 @@ class MetricsServer:
         self.admin = queues_admin(list(worker.queues))
         self.registry.register(QueueCollector(self.admin, lambda: list(self.admin.explicit)))
         worker.add_listener(self.events)
-        self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
+        self.server, self.thread = probes.start_server(
+            port, host, self.registry, worker.health.verdict
+        )
         self.port = int(self.server.server_address[1])
         self.host = host
 

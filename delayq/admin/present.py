@@ -94,6 +94,7 @@ def task_dict(info: TaskInfo) -> dict[str, Any]:
         "headers": dict(info.headers),
         "attempts": info.attempts,
         "max_attempts": info.max_attempts,
+        "priority": info.priority,
         "due_at": _iso(info.due_at),
         "created_at": _iso(info.created_at),
         "lease_deadline": _iso(info.lease_deadline),

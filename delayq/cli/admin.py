@@ -144,6 +144,12 @@ def _queue_and_kind(words: tuple[str, ...], queue: str | None) -> tuple[str | No
     help="Attempt limit (0: the handler's).",
 )
 @click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    default=None,
+    help="0-9: among due tasks the higher runs first (default: none; kept on --replace).",
+)
+@click.option(
     "--header",
     "header_items",
     multiple=True,
@@ -161,6 +167,7 @@ def schedule(
     task_id: str | None,
     replace: bool,
     max_attempts: int,
+    priority: int | None,
     header_items: tuple[str, ...],
     url: str | None,
     as_json: bool,
@@ -187,6 +194,7 @@ def schedule(
                 replace=replace,
                 max_attempts=max_attempts,
                 headers=headers,
+                priority=priority,
             )
         except InvalidTaskError as e:
             raise click.ClickException(str(e)) from None
@@ -334,11 +342,12 @@ def _show(info: TaskInfo, now: datetime) -> None:
         ("id", info.id),
         ("queue", info.queue),
         ("state", info.state),
-        ("kind", info.kind),
+        ("kind", info.kind or "-"),
         (
             "attempts",
             f"{info.attempts}" + (f" of {info.max_attempts}" if info.max_attempts else ""),
         ),
+        *([("priority", str(info.priority))] if info.priority else []),
         (
             "due",
             f"{info.due_at.isoformat()} ({relative(info.due_at, now)})" if info.due_at else "-",
@@ -353,7 +362,9 @@ def _show(info: TaskInfo, now: datetime) -> None:
             )
         )
     if info.finished_at:
-        label = {"dead": "died", "aborted": "aborted"}.get(info.state, "finished")
+        label = {"dead": "died", "aborted": "aborted", "cancelled": "cancelled"}.get(
+            info.state, "finished"
+        )
         rows.append((label, f"{info.finished_at.isoformat()} ({relative(info.finished_at, now)})"))
     for label, value in rows:
         click.echo(f"{label:>12}  {safe(value)}")

@@ -223,13 +223,18 @@ def browsable(base: str) -> list[str]:
 
 def configure_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr at ``level``, as text or JSON lines (``--log-format``)."""
+    from delayq.logs import JsonFormatter, TaskFilter
+
     handler = logging.StreamHandler()
     if fmt == "json":
-        from delayq.logs import JsonFormatter
-
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter())  # it reads the running task itself
     else:
+        # A line logged while a handler runs, by any logger, names its task:
+        # "... [12] [order.close 8f2c #1] message".
+        handler.addFilter(TaskFilter())
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+            logging.Formatter(
+                "%(asctime)s %(levelname)s %(name)s [%(process)d]%(delayq_task)s %(message)s"
+            )
         )
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])

@@ -90,7 +90,8 @@ def settings(
 
     They are stored with the queue, so every process of it (Python, `delayq api`, the Node
     client) uses the same ones: a process opened with another value is refused. Without an
-    option, shows them (a value the queue does not store is the default). A process keeps
+    option, shows them (a value the queue does not store is the default). A queue no process
+    has written is refused as a probable typo, to show or set, unless --allow-empty. A process keeps
     what it read when it first used the queue: restart producers and workers after a change.
     """
     window = duration(dedupe_window, "--dedupe-window")
@@ -98,8 +99,7 @@ def settings(
     setting = window is not None or most is not None or codec is not None
     with connect(url) as admin:
         name = need_queue(admin, queue, new=True)
-        if not setting:
-            known_queues(admin, (name,), allow_empty)
+        known_queues(admin, (name,), allow_empty)  # (a typo is refused, to set as to show)
         q = admin.queue(name)
         if setting:
             try:

@@ -59,8 +59,8 @@ APP is a Worker, or a function of no arguments that returns one.
 --url sets ${URL_ENV[0]} before APP is imported, so it is the URL of every Queue APP
 builds without url= (a Queue reads ${URL_ENV[0]}, else ${URL_ENV[1]}, else
 {DEFAULT_URL}). If the worker's queue was given another url= in code, --url is
-refused rather than ignored. --concurrency and --lease replace the values APP passed
-to Worker(...).
+refused rather than ignored. --concurrency, --lease and --unknown-kind-grace replace
+the values APP passed to Worker(...).
 
 --processes N runs N worker processes under a supervisor (this process): each is
 this command with --processes 1; one that dies is restarted (backoff 1 s to 30 s);
@@ -86,6 +86,7 @@ Environment:
 # read DELAYQ_REDIS_URL themselves, and --url sets it).
 CONCURRENCY_ENV = "DELAYQ_CONCURRENCY"
 LEASE_ENV = "DELAYQ_LEASE"
+UNKNOWN_KIND_GRACE_ENV = "DELAYQ_UNKNOWN_KIND_GRACE"
 EMBEDDED_ENV = "DELAYQ_EMBEDDED"
 EMBEDDED_PORT_ENV = "DELAYQ_EMBEDDED_PORT"
 LOG_LEVEL_ENV = "DELAYQ_LOG_LEVEL"
@@ -119,6 +120,16 @@ RECYCLE_ENV = "DELAYQ_RECYCLE_STUCK"
     envvar=LEASE_ENV,
     show_envvar=True,
     help="How long a claimed task is held, e.g. 30s, 2m [default: APP's Worker(lease=)].",
+)
+@click.option(
+    "--unknown-kind-grace",
+    metavar="DURATION",
+    default=None,
+    envvar=UNKNOWN_KIND_GRACE_ENV,
+    show_envvar=True,
+    help="How long a task of a kind APP has no handler for is handed back before it is "
+    "dead, from when it fell due, e.g. 1h, 0 to bury at once "
+    "[default: APP's Worker(unknown_kind_grace=), 1h].",
 )
 @click.option(
     "--embedded",
@@ -196,6 +207,7 @@ def worker(
     url: str | None,
     concurrency: int | None,
     lease: str | None,
+    unknown_kind_grace: str | None,
     embedded: bool,
     embedded_port: int | None,
     log_level: str,
@@ -215,6 +227,7 @@ def worker(
     if url is not None and embedded:
         raise click.UsageError("pass --url or --embedded, not both")
     lease_s = duration(lease, "--lease")
+    unknown_s = duration(unknown_kind_grace, "--unknown-kind-grace")
     recycle_s = duration(recycle_stuck, "--recycle-stuck")
     if recycle_s is not None and recycle_s <= 0:
         raise click.BadParameter(
@@ -228,13 +241,15 @@ def worker(
     with ExitStack() as stack:
         if embedded:
             url = _embedded(stack, embedded_port)
-        obj = _load_worker(app, url, concurrency, lease_s)
+        obj = _load_worker(app, url, concurrency, lease_s, unknown_s)
         supervised = child.supervised()
         if n > 1 or (recycle_s is not None and not supervised):
             options = [f"--log-level={log_level}", f"--log-format={log_format}"]
             options += [f"--url={url}"] if url is not None else []
             options += [f"--concurrency={concurrency}"] if concurrency is not None else []
             options += [f"--lease={lease}"] if lease is not None else []
+            if unknown_kind_grace is not None:
+                options += [f"--unknown-kind-grace={unknown_kind_grace}"]
             options += [f"--recycle-stuck={recycle_s}"] if recycle_s is not None else []
             code = _supervise(obj, app, n, options, metrics_port, metrics_host, stack)
             if code:
@@ -276,7 +291,9 @@ def _from_the_environment(
     return embedded, metrics_port
 
 
-def _load_worker(app: str, url: str | None, concurrency: int | None, lease_s: Any) -> Any:
+def _load_worker(
+    app: str, url: str | None, concurrency: int | None, lease_s: Any, unknown_s: Any = None
+) -> Any:
     """Import APP's Worker (with --url in the environment first) and apply the options."""
     from delayq.worker import Worker
 
@@ -295,7 +312,7 @@ def _load_worker(app: str, url: str | None, concurrency: int | None, lease_s: An
                 f"without url= (drop url=, or drop --url)"
             )
     try:
-        obj.configure(concurrency=concurrency, lease=lease_s)
+        obj.configure(concurrency=concurrency, lease=lease_s, unknown_kind_grace=unknown_s)
     except ConfigurationError as e:
         raise click.BadParameter(str(e)) from None
     return obj
@@ -332,6 +349,9 @@ def _supervise(
         on_exit = metrics.process_dead
     command = [sys.executable, "-m", "delayq", "worker", app, "--processes=1", *options]
     supervisor = ProcessSupervisor(command, n, grace_s=obj.grace_s, env=env, on_exit=on_exit)
+    if metrics_port is not None:
+        metrics.health.children = supervisor.children
+        metrics.health.stopping = lambda: supervisor.stopping
     return supervisor.run()
 
 

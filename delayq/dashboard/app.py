@@ -52,7 +52,14 @@ from delayq.dashboard.auth import (
     local_path,
     same_origin,
 )
-from delayq.dashboard.charts import WINDOWS, lateness_chart, timeline_chart
+from delayq.dashboard.charts import (
+    HISTORY_WINDOWS,
+    WINDOWS,
+    history_charts,
+    late_text,
+    lateness_chart,
+    timeline_chart,
+)
 from delayq.errors import ConnectionFailed, DelayqError, InvalidTaskError
 from delayq.queue import Queue
 from delayq.task import TaskInfo
@@ -77,6 +84,7 @@ class Dashboard:
             one_line=one_line,
             reason=first_line,
             ts=timestamp,
+            late=late_text,
         )
         self.env.globals.update(controls_text=controls_text)
         self.registry = CollectorRegistry()
@@ -163,7 +171,15 @@ class Dashboard:
         ov = self.admin.overview(q.name)
         timeline = self.admin.timeline(q.name, *WINDOWS[window])
         late, summary = lateness_chart(self.admin.finished(q.name, 500))
+        past = request.query_params.get("history", "1h")
+        if past not in HISTORY_WINDOWS:
+            past = "1h"
+        outcomes, lateness, whole = history_charts(self.admin.history(q.name), past)
         upcoming = self.admin.tasks(q.name, "scheduled", 0, 10)
+        # Kinds no live worker has a handler for: workers hand their tasks back until their
+        # unknown_kind_grace ends, then bury them (docs/concepts.md).
+        handled = {k for w in ov.live_workers for k in w.kinds}
+        unhandled = sorted({t.kind for t in upcoming} - handled) if ov.live_workers else []
         return self.render(
             request,
             "queue.html",
@@ -177,8 +193,21 @@ class Dashboard:
             later=timeline.later,
             late=late,
             summary=summary,
+            histories=list(HISTORY_WINDOWS),
+            past=past,
+            outcomes=outcomes,
+            lateness=lateness,
+            whole=whole,
             upcoming=upcoming,
+            unhandled=unhandled,
+            handed_back=ov.stats.counters.get("unknown_kind", 0),
         )
+
+    def api_history(self, request: Request) -> JSONResponse:
+        """The queue's per-minute history (every shard's summed): each minute that had
+        outcomes, oldest first, with its counts and start lateness p50/p99 in seconds."""
+        q = self.queue(request.path_params["name"])
+        return JSONResponse({"queue": q.name, **self.admin.history(q.name).as_dict()})
 
     def _page(
         self, request: Request, name: str, state: str
@@ -379,6 +408,7 @@ def create_app(admin: Admin, *, token: str, read_only: bool = False) -> Starlett
     routes = [
         Route("/", dash.overview),
         Route("/api/queues", dash.api_queues),
+        Route("/api/queues/{name}/history", dash.api_history),
         Route("/task", dash.task_page),
         Route("/metrics", dash.metrics),
         Route("/favicon.ico", lambda _request: Response(status_code=204)),

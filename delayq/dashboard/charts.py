@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from delayq.admin.inspect import Finished, Timeline
 from delayq.admin.present import human_seconds
+from delayq.history import History, Minute, bucket
 
 WIDTH, HEIGHT, PAD = 720, 150, 18
 
@@ -17,6 +20,13 @@ WINDOWS: dict[str, tuple[float, int]] = {
     "6h": (300, 72),
     "24h": (900, 96),
     "7d": (7200, 84),
+}
+
+# name -> (minutes per bar, bars) of the history charts, which look back from now.
+HISTORY_WINDOWS: dict[str, tuple[int, int]] = {
+    "1h": (1, 60),
+    "6h": (5, 72),
+    "24h": (15, 96),
 }
 
 # Upper bounds (seconds) of the lateness chart's bars; the last bar holds the rest.
@@ -103,3 +113,68 @@ def lateness_chart(finished: list[Finished]) -> tuple[Chart, dict[str, float]]:
         "max": values[-1] if values else 0.0,
     }
     return Chart(bars, ticks, top), summary
+
+
+def _clock(minute: int) -> str:
+    return datetime.fromtimestamp(minute * 60, UTC).strftime("%H:%M")
+
+
+def late_text(v: float | None) -> str:
+    """A percentile read from the history's histogram: its bucket's upper bound."""
+    if v is None:
+        return "-"
+    if math.isinf(v):
+        return "more than 30 h"
+    if v < 1:  # the sub-millisecond buckets are what a healthy queue shows
+        return f"≤{v * 1000:.2g}ms" if v < 0.01 else f"≤{v * 1000:.0f}ms"
+    return f"≤{human_seconds(v)}"
+
+
+def history_charts(h: History, window: str) -> tuple[Chart, Chart, Minute]:
+    """The queue's history over ``window`` (a HISTORY_WINDOWS name): its outcomes per bar
+    (done, retried and dead stacked), its start lateness per bar (p99 behind p50, heights on
+    the histogram's log scale), and the whole window's sum."""
+    per, n = HISTORY_WINDOWS[window]
+    spans = h.bars(per, n)
+    step = WIDTH / n
+    whole = Minute(spans[0].minute)
+    for m in spans:
+        whole.add(m)
+    labels = [f"{_clock(m.minute)}-{_clock(m.minute + per)} UTC" for m in spans]
+
+    top = max((m.done + m.retried + m.dead for m in spans), default=0) or 1
+    counts: list[Bar] = []
+    for i, (m, label) in enumerate(zip(spans, labels, strict=True)):
+        y = float(HEIGHT)
+        for v, what, css in (
+            (m.done, "done", "bar ok"),
+            (m.retried, "retried", "bar warn"),
+            (m.dead, "dead", "bar overdue"),
+        ):
+            if v:
+                hgt = max(1.5, HEIGHT * v / top)
+                y -= hgt
+                counts.append(
+                    Bar(i * step + 1, y, max(step - 2, 1), hgt, v, f"{v} {what}, {label}", css)
+                )
+
+    # Lateness heights by bucket (log scale): bucket 0 (≤0.1 ms) is a low bar, not none.
+    p = [(m.percentile(50), m.percentile(99)) for m in spans]
+    top_bucket = max((bucket(p99) for _, p99 in p if p99 is not None), default=0)
+    late: list[Bar] = []
+    for i, ((p50, p99), m, label) in enumerate(zip(p, spans, labels, strict=True)):
+        if p50 is None or p99 is None:
+            continue
+        title = f"{m.started} start(s): p50 {late_text(p50)}, p99 {late_text(p99)}, {label}"
+        for edge, css in ((p99, "bar warn"), (p50, "bar")):
+            hgt = HEIGHT * (bucket(edge) + 1) / (top_bucket + 1)
+            late.append(
+                Bar(i * step + 1, HEIGHT - hgt, max(step - 2, 1), hgt, m.started, title, css)
+            )
+
+    # (the first and last labels kept inside the chart)
+    ticks = [
+        (max(step * i, 14), "-" + _span((n - i) * per * 60)) for i in range(0, n, max(n // 4, 1))
+    ]
+    ticks.append((WIDTH - 14, "now"))
+    return Chart(counts, ticks, top), Chart(late, ticks, top_bucket), whole

@@ -8,7 +8,7 @@ Routing on the raw path and reading bodies with a cap are in ``wire.py``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace as replace_spec
 from datetime import datetime
@@ -26,10 +26,9 @@ from delayq.errors import (
     ConnectionFailed,
     DelayqError,
     InvalidTaskError,
-    PayloadTooLarge,
 )
 from delayq.expiring.ops import validate_key
-from delayq.http import idempotency, schemas, typed, wire
+from delayq.http import batch, idempotency, schemas, typed, wire
 from delayq.http.coalesce import Coalescer
 from delayq.http.docs import Docs
 from delayq.http.openapi import document
@@ -38,7 +37,7 @@ from delayq.http.queues import Queues, protocol_version
 from delayq.http.wire import Handler, Reply, Request
 from delayq.keys import DEFAULT_PREFIX
 from delayq.queue import AsyncQueue
-from delayq.spec import TaskSpec, TaskType, new_task_ids, validate_task_id
+from delayq.spec import TaskType, new_task_ids, validate_task_id
 from delayq.task import Scheduled, TaskInfo
 from delayq.timing import ms_to_datetime
 from delayq.web.tokens import Token
@@ -144,7 +143,13 @@ class Api:
         return reply
 
     async def dispatch(self, scope: Scope, receive: Receive) -> Reply:
-        segments = wire.split_path(scope)
+        try:
+            segments = wire.split_path(scope)
+        except UnicodeDecodeError:  # (/tasks/%FF: refused, once the token is checked)
+            segments = wire.split_path(scope, errors="surrogateescape")
+            if segments[:1] == ["v1"]:
+                self.authorize(scope)
+            raise wire.not_utf8(scope, segments, [r[0] for r in self.routes]) from None
         under_v1 = bool(segments) and segments[0] == "v1"
         if under_v1:
             self.authorize(scope)
@@ -278,7 +283,7 @@ class Api:
         handle: Callable[[Request, Any, str | None], Awaitable[Reply]],
     ) -> Reply:
         """A POST with an ``Idempotency-Key`` (``idempotency.py``)."""
-        key = idempotency.check_key(raw)
+        key = idempotency.check_key(raw, request.scope)
         data = request.json()
         q = await self.queue(request)
         return await idempotency.answer(q, key, route, data, lambda: handle(request, data, key))
@@ -307,7 +312,10 @@ class Api:
         return await self.run(request, work)
 
     async def _schedule_batch(self, request: Request, data: Any, key: str | None) -> Reply:
-        specs, replace, durable = schemas.batch_specs(data)
+        try:
+            specs, replace, durable = schemas.batch_specs(data)
+        except Problem as p:  # its fields: the payloads too large are errors as well
+            raise await self._batch_problem(request, data, p) from None
         typed.check(specs, self.task_types, batch=True)
         if key is not None:  # a task sent without an id: its id is the key's and its index's
             queue = request.params["queue"]
@@ -320,7 +328,7 @@ class Api:
             try:
                 done = await q.schedule_many(specs, replace=replace, durable=durable)
             except InvalidTaskError as e:  # a payload: find every one refused, by index
-                raise _refused_payloads(q, specs, e) from None
+                raise batch.refused_payloads(q, specs, e) from None
             except ConnectionFailed as e:
                 where = {tid: i for i, tid in enumerate(ids)}
                 raise from_error(
@@ -332,6 +340,15 @@ class Api:
             return wire.encoded(200, b'{"tasks":[' + b",".join(results) + b"]}")
 
         return await self.run(request, work)
+
+    async def _batch_problem(self, request: Request, data: Any, p: Problem) -> Problem:
+        if p.errors is None:
+            return p
+        try:
+            q = await self.queue(request)
+        except Problem:
+            return p
+        return batch.with_large_payloads(q, data, p)
 
     async def get(self, request: Request) -> Reply:
         tid = _task_id(request)
@@ -475,24 +492,6 @@ async def _results(q: AsyncQueue, done: list[Scheduled]) -> list[bytes]:
     return out
 
 
-def _refused_payloads(q: AsyncQueue, specs: Sequence[TaskSpec], e: InvalidTaskError) -> Problem:
-    """A batch's payloads refused, each named by its index: 413 if one is over the queue's
-    max_payload (as a single task's is), else 422."""
-    errors: list[dict[str, Any]] = []
-    large: list[str] = []
-    for i, spec in enumerate(specs):
-        try:
-            q.core.encode_tasks([spec])
-        except InvalidTaskError as bad:
-            errors.append(field_error(f"/tasks/{i}/payload", str(bad), i))
-            if isinstance(bad, PayloadTooLarge):
-                large.append(f"task {i}'s {bad}")
-    if not large:
-        return invalid(errors or [field_error("/tasks", str(e))])
-    more = f" (and {len(errors) - 1} more: see errors)" if len(errors) > 1 else ""
-    return Problem("too-large", large[0] + more, errors=errors)
-
-
 def _task_id(request: Request) -> str:
     try:
         return validate_task_id(request.params["id"])
@@ -524,16 +523,15 @@ def _no_key(key: str, q: AsyncQueue) -> Problem:
 
 
 async def _why_not(q: AsyncQueue, tid: str, what: str) -> Problem:
-    """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting."""
+    """Why a task could not be cancelled or rescheduled: unknown (404), or not waiting (and
+    how it can be scheduled again)."""
     info = await q.get(tid)
     if info is None:
         return _no_task(tid, q)
-    return Problem(
-        "conflict",
-        f"task {tid!r} is {info.state}: only a waiting task can be {what}"
-        + ("; schedule it again with replace=true" if info.state != "active" else ""),
-        state=info.state,
-    )
+    again = {"active": "", "cancelled": "; schedule it again (its id is free)"}
+    fix = again.get(info.state, "; schedule it again with replace=true")
+    text = f"task {tid!r} is {info.state}: only a waiting task can be {what}{fix}"
+    return Problem("conflict", text, state=info.state)
 
 
 def _token(token: object) -> Token:

@@ -53,9 +53,22 @@ def key_of(scope: Scope) -> bytes | None:
     return None
 
 
-def check_key(raw: bytes) -> str:
+def check_key(raw: bytes, scope: Scope) -> str:
     """The key: 1-255 visible ASCII characters, bare or as a quoted string (the IETF
-    draft's form, ``"8e03978e-..."``); anything else is a 422 naming the header."""
+    draft's form, ``"8e03978e-..."``), in one header; anything else is a 422 naming the
+    header."""
+    sent = [value for name, value in scope["headers"] if name == HEADER]
+    if len(sent) > 1:
+        keys = ", ".join(repr(v.decode("latin-1")[:40]) for v in sent)
+        raise invalid(
+            [
+                field_error(
+                    "",
+                    f"Idempotency-Key is sent {len(sent)} times ({keys}): send it once, with "
+                    "one key",
+                )
+            ]
+        )
     text = raw.decode("latin-1").strip()
     if len(text) >= 2 and text[0] == text[-1] == '"':
         text = text[1:-1]
@@ -74,9 +87,23 @@ def check_key(raw: bytes) -> str:
 
 
 def digest(route: str, data: Any) -> str:
-    """What makes two requests with one key the same: the route and the parsed body."""
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """What makes two requests with one key the same: the route and the parsed body, its
+    numbers by value (``60`` and ``60.0`` are one number in JSON)."""
+    canonical = json.dumps(
+        _by_value(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.sha256(f"{route}\n{canonical}".encode()).hexdigest()
+
+
+def _by_value(data: Any) -> Any:
+    """``data`` with each whole float as an int (60.0 -> 60)."""
+    if type(data) is float:
+        return int(data) if data.is_integer() else data
+    if type(data) is dict:
+        return {k: _by_value(v) for k, v in data.items()}
+    if type(data) is list:
+        return [_by_value(v) for v in data]
+    return data
 
 
 def task_id(queue: str, key: str, index: int | None = None) -> str:
@@ -118,7 +145,7 @@ def refusal(state: str, key: str) -> Problem:
             idempotency_key=key,
         )
     return Problem(
-        "conflict",
+        "in-flight",
         f"a request with Idempotency-Key {key!r} is still being answered: wait for it and "
         "send this one again, which then answers the first one's result (Idempotent-Replayed: "
         "true)",

@@ -60,13 +60,18 @@ _COMMON = {
     "503": _problem("unavailable", "Redis is unreachable; nothing was written."),
 }
 _BODY_ERRORS = {
+    "400": _problem(
+        "bad-request",
+        "Not valid HTTP/1.1; or, the API mounted in an application under uvicorn's own "
+        "protocol, a request offering `Upgrade: h2c` whose body the server dropped.",
+    ),
     "413": _problem("too-large", "The body, a payload or the batch is over its limit."),
     "415": _problem("unsupported-media-type", "The body is not JSON."),
 }
 _CONFLICT = {"409": _problem("conflict", "The task is running or finished.")}
 _IN_FLIGHT = {
     "409": _problem(
-        "conflict",
+        "in-flight",
         "A request with this Idempotency-Key is still being answered: send it again later "
         "(Retry-After: 1) to get that request's answer.",
     )
@@ -89,7 +94,26 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _request(name: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+    media: dict[str, Any] = {"schema": _ref(name)}
+    if name in _EXAMPLES:
+        media["example"] = _EXAMPLES[name]
+    return {"required": True, "content": {"application/json": media}}
+
+
+# The bodies the interactive page fills in (Swagger UI's "Try it out"): each one succeeds as
+# it is (without them, it made one from the schema: delay and at both, a random kind).
+_EXAMPLES: dict[str, Any] = {
+    "Task": {"kind": "order.close", "payload": {"order_id": 42}, "delay": "15m"},
+    "Batch": {
+        "tasks": [
+            {"kind": "order.close", "payload": {"order_id": 42}, "delay": "15m"},
+            {"kind": "order.close", "payload": {"order_id": 43}, "delay": "1h"},
+        ]
+    },
+    "Reschedule": {"delay": "30m"},
+    "ExpiringSet": {"value": {"session": 7}, "ttl": "30m"},
+    "ExpiringTouch": {"ttl": "30m"},
+}
 
 
 def _op(
@@ -162,6 +186,7 @@ _TASK = {
         "headers",
         "attempts",
         "max_attempts",
+        "priority",
         "due_at",
         "created_at",
         "lease_deadline",
@@ -178,6 +203,7 @@ _TASK = {
         "headers": {"type": "object", "additionalProperties": {"type": "string"}},
         "attempts": {"type": "integer"},
         "max_attempts": {"type": "integer"},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 9},
         "due_at": _NULLABLE_ISO,
         "created_at": _NULLABLE_ISO,
         "lease_deadline": _NULLABLE_ISO,

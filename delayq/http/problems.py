@@ -33,6 +33,13 @@ __all__ = [
 ]
 
 
+# What a 413 for a payload adds: the limit is the queue's, as this process read it.
+RESTART = (
+    " (this API reads the queue's max_payload when it first serves the queue and keeps it "
+    "until restarted: restart it after changing the setting)"
+)
+
+
 def invalid(errors: list[dict[str, Any]]) -> Problem:
     """422 listing each error; its detail is the first one's, and how many there are."""
     first = errors[0]["detail"]
@@ -63,7 +70,8 @@ def from_error(e: Exception, pointer: str = "", **extra: Any) -> Problem:
     if isinstance(e, Problem):
         return e
     if isinstance(e, PayloadTooLarge):
-        return Problem("too-large", str(e), errors=[field_error(pointer or "/payload", str(e))])
+        detail = str(e) + RESTART
+        return Problem("too-large", detail, errors=[field_error(pointer or "/payload", detail)])
     if isinstance(e, InvalidTaskError):
         return invalid([field_error(pointer, str(e))])
     if isinstance(e, ConnectionFailed):

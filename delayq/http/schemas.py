@@ -23,10 +23,12 @@ from delayq.spec import (
     MAX_ATTEMPTS,
     MAX_ID_LEN,
     MAX_KIND_LEN,
+    MAX_PRIORITY,
     CheckedSpec,
     new_task_ids,
     validate_kind,
     validate_max_attempts,
+    validate_priority,
     validate_task_id,
 )
 from delayq.timing import MAX_DELAY_S, at_ms, parse_duration, seconds
@@ -75,7 +77,7 @@ def rfc3339(text: str) -> datetime:
         try:
             when -= sign * timedelta(hours=hours, minutes=minutes)
         except OverflowError:  # past what datetime holds (year 1 or 9999 in UTC): its end
-            when = (datetime.max if sign < 0 else datetime.min).replace(tzinfo=UTC)
+            return (datetime.max if sign < 0 else datetime.min).replace(tzinfo=UTC)
     return when.replace(microsecond=micros)
 
 
@@ -85,14 +87,20 @@ _LAST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 def _at(value: str) -> datetime:
     """``at``: an RFC 3339 time whose year is 1970 to 9999 (the Python API's range). Such a
-    time that is still before the epoch or after the year 9999 in UTC (by its offset) is
-    taken as the epoch or the last second of 9999: as due, either way."""
+    time that is still before the epoch in UTC (by its offset) is taken as the epoch (due
+    now); one after 9999-12-31T23:59:59Z, the latest due time stored, is refused (clamped, it
+    would be due up to a second before the time asked for)."""
     when = rfc3339(value)
     if not 1970 <= int(value[:4]) <= 9999:
         raise InvalidTaskError(
             f"at {value!r} is outside the years 1970 to 9999; is the year right?"
         )
-    when = min(max(when, _FIRST), _LAST)
+    if when > _LAST:
+        raise InvalidTaskError(
+            f"at {value!r} is after 9999-12-31T23:59:59Z (in UTC), the latest due time delayq "
+            "stores: send that time or an earlier one"
+        )
+    when = max(when, _FIRST)
     at_ms(when)  # the Python API's own check
     return when
 
@@ -238,6 +246,18 @@ MAX_ATTEMPTS_FIELD = Field(
     },
     validate_max_attempts,
 )
+PRIORITY = Field(
+    "priority",
+    {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_PRIORITY,
+        "description": "0-9: among the tasks due, the higher is claimed first; never before "
+        "its due time (0, the default, is none). A `replace` without it keeps a waiting "
+        "task's.",
+    },
+    validate_priority,
+)
 REPLACE = Field(
     "replace",
     {
@@ -288,7 +308,7 @@ TASKS = Field(
 )
 
 # The bodies (openapi.py names its schemas after these).
-BATCH_TASK = Body(KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS)
+BATCH_TASK = Body(KIND, PAYLOAD, DELAY, AT, ID, MAX_ATTEMPTS_FIELD, HEADERS, PRIORITY)
 TASK = Body(*BATCH_TASK.fields, REPLACE, DURABLE)
 BATCH = Body(TASKS, REPLACE, DURABLE)
 RESCHEDULE = Body(DELAY, AT)
@@ -426,6 +446,7 @@ def spec_of(fields: dict[str, Any], task_id: str) -> CheckedSpec:
         task_id=task_id,
         max_attempts=fields.get("max_attempts", 0),
         headers=fields.get("headers"),
+        priority=fields.get("priority"),
     )
 
 
@@ -537,6 +558,7 @@ def _batch_specs(data: Any) -> tuple[list[CheckedSpec], bool, bool] | None:
                     task.get("id"),
                     task.get("max_attempts", 0),
                     task.get("headers"),
+                    task.get("priority"),
                 )
             )
         specs = CheckedSpec.many(rows)

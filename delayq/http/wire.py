@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope
 
 from delayq.codec import compact_json
 from delayq.http import schemas
-from delayq.http.problems import MEDIA_TYPE, Problem
+from delayq.http.problems import MEDIA_TYPE, Problem, field_error, invalid
 
 DRAIN = 4 * 1024 * 1024  # bytes of a refused body read and dropped, past its limit
 JSON_MEDIA = b"application/json"
@@ -89,21 +89,51 @@ def jsonable(value: Any) -> Any:
 Handler = Callable[[Request], Awaitable[Reply]]
 
 
-def split_path(scope: Scope) -> list[str]:
+def split_path(scope: Scope, errors: str = "strict") -> list[str]:
     """The path's segments under the app's mount point, each percent-decoded (so ``%2F``
-    in an id stays inside its segment)."""
+    in an id stays inside its segment) as UTF-8: UnicodeDecodeError when one is not (with
+    ``errors="strict"``; uvicorn's ``path`` has U+FFFD for such bytes)."""
     raw = scope.get("raw_path")
     if raw is None:  # (an ASGI server may leave it out: the decoded path, then)
         path: str = scope["path"]
         segments = path.split("/")[1:]
     else:
-        segments = [unquote(s) for s in raw.decode("latin-1").split("?", 1)[0].split("/")[1:]]
+        text = raw.decode("latin-1").split("?", 1)[0]
+        segments = [unquote(s, errors=errors) if "%" in s else s for s in text.split("/")[1:]]
     root = scope.get("root_path", "").rstrip("/")
     if root:
         head = root.split("/")[1:]
         if segments[: len(head)] == head:
             segments = segments[len(head) :]
     return segments
+
+
+_PARAMS = {"id": "the task id", "key": "the key", "queue": "the queue name"}
+
+
+def not_utf8(scope: Scope, segments: list[str], patterns: list[tuple[str, ...]]) -> Problem:
+    """422 for a path whose percent-decoded bytes are not UTF-8 (``/tasks/%FF``; the
+    ``segments`` decoded with surrogateescape), naming the route's parameter: decoded with
+    U+FFFD, as uvicorn's ``path`` is, it would act on another task, key or queue."""
+    where = "a segment"
+    for pattern in patterns:
+        params = match(pattern, segments) or {}
+        bad = [k for k, v in params.items() if any("\udc80" <= c <= "\udcff" for c in v)]
+        if bad:
+            where = _PARAMS.get(bad[0], bad[0])
+            break
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1").split("?", 1)[0]
+    return invalid(
+        [
+            field_error(
+                "",
+                f"{where} in the path {path!r} is not UTF-8 once percent-decoded: ids, keys "
+                "and queue names are UTF-8 text; percent-encode each of its UTF-8 bytes (é is "
+                "%C3%A9)",
+            )
+        ]
+    )
 
 
 def match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
@@ -159,8 +189,8 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not more:
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if media is None and body:  # (sent without a Content-Length)
-                raise no_media_type()
+            if media is None or not body:  # (a JSON body skips the checks)
+                check_bare(scope, body, media, declared)
             return body
 
 
@@ -174,6 +204,37 @@ async def drain(receive: Receive, budget: int) -> bool:
         if not message.get("more_body", False):
             return budget >= 0
     return False
+
+
+def check_bare(scope: Scope, body: bytes, media: bytes | None, declared: int) -> None:
+    """Refuse a body with no Content-Type (sent without a Content-Length), or an empty one
+    framed as more (chunked, or a Content-Length the body lacks: see lost_to_upgrade)."""
+    if body:
+        raise no_media_type()
+    if declared != 0:
+        lost_to_upgrade(scope, declared)
+
+
+def lost_to_upgrade(scope: Scope, declared: int) -> None:
+    """Refuse a request offering ``Upgrade: h2c`` whose body the server dropped (it came
+    empty though framed as more): uvicorn's own protocols take such a request for the last
+    HTTP on the connection, so a mounted API served by plain uvicorn sees no body."""
+    upgrade = chunked = False
+    for name, value in scope["headers"]:
+        if name == b"upgrade":
+            upgrade = upgrade or b"h2c" in value.lower()
+        elif name == b"transfer-encoding":
+            chunked = chunked or b"chunked" in value.lower()
+    if upgrade and (declared > 0 or chunked):
+        raise Problem(
+            "bad-request",
+            "the body of this request was lost by the server: the request offers "
+            "'Upgrade: h2c' (the JDK's default HttpClient and curl --http2 do), and uvicorn's "
+            "own HTTP protocols drop the body of such a request. Serve the application with "
+            "delayq's protocol (uvicorn --http delayq.web.protocol:Protocol, or "
+            "uvicorn.run(app, http=delayq.web.protocol.Protocol)), or run `delayq api`; "
+            "or make the client send HTTP/1.1 only (HttpClient.Version.HTTP_1_1, curl --http1.1)",
+        )
 
 
 def no_media_type() -> Problem:

@@ -6,16 +6,19 @@
 -- KEYS[5] stats
 -- KEYS[6] attempts
 -- KEYS[7] xkeys
--- KEYS[8] results
--- KEYS[9] waits
--- KEYS[10] kinds
+-- KEYS[8] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
+-- KEYS[9] results
+-- KEYS[10] waits
+-- KEYS[11] kinds
 -- ARGV[1] now         ms, or "" for the server's TIME
 -- ARGV[2] dedupe_ms   keep the finished task this long (0: delete it now)
 -- ARGV[3] counter     stats counter to add to: "succeeded" or "discarded"
 -- ARGV[4] trim_limit  delete at most this many tasks whose dedupe window has passed
--- ARGV[5] keep        "1": keep the whole record; else a tombstone takes its place
--- ARGV[6] channel     the finished channel: ids someone waits for are published there
--- ARGV[7...] leases   quintuples: id, lease token, the tombstone's first two fields as
+-- ARGV[5] history     ms to keep the history's hash from now (0: keep no history)
+-- ARGV[6] lateness    the batch's start lateness: "<bucket>:<count>" pairs (delayq/history.py)
+-- ARGV[7] keep        "1": keep the whole record; else a tombstone takes its place
+-- ARGV[8] channel     the finished channel: ids someone waits for are published there
+-- ARGV[9...] leases   quintuples: id, lease token, the tombstone's first two fields as
 --                     "<attempt> <ms from due to finish> " (the worker's; "": from the
 --                     attempts entry), kind (for the tombstone; "": read from the record),
 --                     result (JSON text; "" for none)
@@ -25,6 +28,7 @@
 --@include argv
 --@include clock
 --@include forget
+--@include history
 --@include kind_code
 --@include lease
 --@include record
@@ -106,6 +110,7 @@ if na > 0 then
     dq_announce(K, A.channel, acked, nil)  -- read with get
   end
 end
+dq_history(K, now, A.history, A.counter == 'discarded' and 'd' or 's', na, A.lateness)
 
 -- Forget finished tasks whose dedupe window has passed, a few per call.
 dq_trim_finished(K, K.done, now - dedupe, tonumber(A.trim_limit))

@@ -9,6 +9,7 @@
 -- KEYS[8] workers_seen
 -- KEYS[9] attempts
 -- KEYS[10] control
+-- KEYS[11] prio
 -- ARGV[1] now           ms, or "" for the server's TIME
 -- ARGV[2] lookahead_ms  also claim tasks due this soon; the worker starts them on a local timer
 -- ARGV[3] limit         at most this many tasks
@@ -36,6 +37,9 @@
 -- the claim looks at most ADMIT_SCAN rows past limit for other kinds. Then next_due is the
 -- first due time after the skipped rows, or -1 when the look was cut short (the worker
 -- looks again when one of its runs ends).
+-- Priorities (lib/prio.lua): when the controls' HMGET finds the marker "prio", the due
+-- tasks of the prio index come first, highest level first, then the rest by due time; a
+-- queue without one runs none of this. With priorities and rooms, skipped rows cut the look.
 --@include admit
 --@include admit_gate
 --@include attempt_count
@@ -43,6 +47,8 @@
 --@include bury
 --@include clock_us
 --@include head
+--@include prio_claim
+--@include prio_of
 --@include reap
 --@include record_cached
 --@include register
@@ -70,23 +76,28 @@ local horizon = now + tonumber(A.lookahead_ms)
 local taken, skipped, cut = 0, 0, false
 -- The controls matter only to a claim that finds a task due: an idle look does not read
 -- them (it would be one more command every max_wait for every idle worker).
-local gate = nil
+local gate, prio = nil, false
 if limit > 0 and head and head <= horizon then
-  gate = dq_admit_gate(K.control, now, limit)
+  gate, prio = dq_admit_gate(K.control, now, limit)
   if gate then limit = gate.limit end
 end
 if limit > 0 and head and head <= horizon then
   local rooms = dq_admit_rooms(REST)
   local scan = limit
   if rooms then scan = limit + ADMIT_SCAN end
-  local due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', horizon,
-    'WITHSCORES', 'LIMIT', 0, scan)
-  local ids = {}
-  for i = 1, #due, 2 do ids[(i + 1) / 2] = due[i] end
+  local ids, due = {}, nil
+  if prio then
+    ids, due = dq_prio_rows(K, horizon, scan)
+  else
+    due = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', horizon,
+      'WITHSCORES', 'LIMIT', 0, scan)
+    for i = 1, #due, 2 do ids[(i + 1) / 2] = due[i] end
+  end
   local recs = #ids > 0 and redis.call('HMGET', K.tasks, unpack(ids))
   local cache = {}  -- see dq_split_cached
   if rooms and #ids > 0 then
     ids, due, recs, skipped, cut = dq_admit_kinds(ids, due, recs, rooms, limit, scan, cache)
+    if prio and skipped > 0 then cut = true end  -- (the skipped rows are not the set's first)
   end
   if #ids > 0 then
     local states = redis.call('HMGET', K.attempts, unpack(ids))
@@ -94,11 +105,13 @@ if limit > 0 and head and head <= horizon then
     local lease = tonumber(A.lease_ms)
     -- Tables grow by index counters (n, o): "#t + 1" costs a search on every insert.
     local claims, leases, corrupt, n, o = {}, {}, {}, 0, #out
+    local any = false  -- a task with a priority taken
     for j, id in ipairs(ids) do
       local at = tonumber(due[2 * j])
       local h, payload, created, hs = nil, nil, nil, nil
       if recs[j] then h, payload, created, hs = dq_split_cached(recs[j], cache) end
       if h then
+        if prio and not any then any = dq_prio_of(h) ~= nil end
         -- A task never claimed has no entry: its first attempt.
         local attempt = 1
         if states[j] then attempt = dq_attempt_count(states[j]) + 1 end
@@ -126,6 +139,7 @@ if limit > 0 and head and head <= horizon then
     taken = n / 2
     -- Every task's claim is built before any task leaves the scheduled set.
     redis.call('ZREM', K.scheduled, unpack(ids))
+    if prio then dq_prio_claimed(K, ids, any) end
     if n > 0 then
       redis.call('HSET', K.attempts, unpack(claims))
       redis.call('ZADD', K.active, unpack(leases))

@@ -8,17 +8,20 @@
 -- KEYS[6] errors
 -- KEYS[7] attempts
 -- KEYS[8] aborted
--- KEYS[9] results
--- KEYS[10] kinds
+-- KEYS[9] cancelled
+-- KEYS[10] results
+-- KEYS[11] kinds
 -- ARGV[1] id
 -- REPLY {state, score, record, error, attempt, result} | nil
 -- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
 --          <due>") or false, result or false} or false when the id is unknown.
---          score: due time (scheduled), lease deadline (active), time of death, finish or
---          abort. record: a done or aborted task's tombstone ("<attempts> <ms from its last
---          due time to its finish> <kind>", starting with a digit) unless the queue keeps
---          whole records (protocol 1.1). result (protocol 1.1): what a done task's handler
---          returned, JSON text. A 1.0 caller reads the first five alone: they are where they
---          were.
+--          score: due time (scheduled), lease deadline (active), time of death, finish,
+--          abort or cancel. record: a done or aborted task's tombstone ("<attempts> <ms
+--          from its last due time to its finish> <kind>", starting with a digit) unless the
+--          queue keeps whole records (protocol 1.1). result (protocol 1.1): what a done
+--          task's handler returned, JSON text. A task cancelled within the dedupe window, of
+--          which only a tombstone is left, is {"cancelled", time of the cancel, "", false,
+--          false, false}; a task under its id since then (scheduled again) is answered
+--          instead. A 1.0 caller reads the first five alone: they are where they were.
 --@include lookup
 return dq_lookup(K, A.id)

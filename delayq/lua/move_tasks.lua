@@ -6,14 +6,20 @@
 -- KEYS[4] errors
 -- KEYS[5] attempts
 -- KEYS[6] aborted
--- KEYS[7] kinds
+-- KEYS[7] control
+-- KEYS[8] prio
+-- KEYS[9] kinds
 -- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
 -- ARGV[2] state  "scheduled", "done" or "aborted": the set they are in
 -- ARGV[3...] tasks  put: quintuples id, score, record (a tombstone as get replies it), last error ("": none), attempt
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
+-- A waiting task with a priority (its record's "p") is indexed in prio (lib/prio.lua).
 --@include forget
+--@include prio_of
+--@include prio_put
+--@include record
 --@include tombstone_store
 if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
@@ -25,6 +31,10 @@ if A.mode == 'put' then
     local id = ARGV[i]
     redis.call('ZADD', set, ARGV[i + 1], id)
     redis.call('HSET', K.tasks, id, dq_tombstone_store(K, ARGV[i + 2], codes))
+    if A.state == 'scheduled' then
+      local p = dq_prio_of(dq_split(ARGV[i + 2]))
+      if p then dq_prio_put(K, id, p, tonumber(ARGV[i + 1])) end
+    end
     if ARGV[i + 3] ~= '' then
       redis.call('HSET', K.errors, id, ARGV[i + 3])
     else
@@ -43,6 +53,7 @@ elseif A.mode == 'drop' then
   for i = REST, #ARGV do ids[#ids + 1] = ARGV[i] end
   if #ids == 0 then return 0 end
   redis.call('ZREM', set, unpack(ids))
+  if A.state == 'scheduled' then redis.call('ZREM', K.prio, unpack(ids)) end
   dq_forget(K, ids)
   -- The shard's kinds' codes go with its last finished task.
   if redis.call('EXISTS', K.done) == 0 and redis.call('EXISTS', K.aborted) == 0 then

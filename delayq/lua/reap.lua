@@ -7,6 +7,8 @@
 -- KEYS[5] errors
 -- KEYS[6] stats
 -- KEYS[7] attempts
+-- KEYS[8] control
+-- KEYS[9] prio
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] limit      at most this many leases
 -- ARGV[3] channel    wake-up channel

@@ -10,6 +10,7 @@
 -- KEYS[9] results
 -- KEYS[10] kinds
 -- KEYS[11] waits
+-- KEYS[12] cancelled
 -- ARGV[1] now       ms, or "" for the server's TIME
 -- ARGV[2] for_ms    how long the caller waits at most
 -- ARGV[3] id

@@ -101,6 +101,10 @@ def prepare(worker: Worker, recycle_stuck_s: float | None = None) -> Recycle | N
         from delayq.processes.metrics import record
 
         record(worker)
+    from delayq.processes.health import HEALTH_ENV, PulseFile
+
+    if HEALTH_ENV in os.environ:  # the supervisor answers /livez and /readyz from these
+        worker.health.sink = PulseFile(os.environ[HEALTH_ENV])
 
     def watch() -> None:
         stopped = threading.Event()

@@ -5,7 +5,8 @@ multiprocess mode: files in a private directory the supervisor creates
 (``PROMETHEUS_MULTIPROC_DIR``, set for the children only) and removes. The supervisor serves
 them on the one ``--metrics-port``, added up over the children (``MultiProcessCollector``;
 a child that exits is marked dead, so its live gauges go while its counts stay), beside the
-queues' state read from Redis once per scrape by the supervisor itself, not per child.
+queues' state read from Redis once per scrape by the supervisor itself, not per child. The
+same port answers ``/livez`` and ``/readyz`` for all the children (``processes/health.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from delayq.admin import probes
 from delayq.admin.metrics import QueueCollector, WorkerMetrics, queues_admin
+from delayq.processes.health import HEALTH_ENV, ChildrenHealth, forget
 
 if TYPE_CHECKING:
     from delayq.worker import Worker
@@ -41,7 +44,11 @@ class SupervisorMetrics:
             MultiProcessCollector(self.registry, path=self.dir)  # type: ignore[no-untyped-call]
             self.admin = queues_admin(list(worker.queues))
             self.registry.register(QueueCollector(self.admin, lambda: list(self.admin.explicit)))
-            self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
+            # /livez and /readyz: every child's (processes/health.py).
+            self.health = ChildrenHealth(self.dir)
+            self.server, self.thread = probes.start_server(
+                port, host, self.registry, self.health.verdict
+            )
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
@@ -49,10 +56,11 @@ class SupervisorMetrics:
         self.host = host
 
     def env(self) -> dict[str, str]:
-        return {MULTIPROC_ENV: self.dir}
+        return {MULTIPROC_ENV: self.dir, HEALTH_ENV: self.dir}
 
     def process_dead(self, pid: int) -> None:
         mark_process_dead(pid, self.dir)  # type: ignore[no-untyped-call]
+        forget(self.dir, pid)
 
     def stop(self) -> None:
         self.server.shutdown()

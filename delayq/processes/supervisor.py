@@ -219,6 +219,15 @@ class ProcessSupervisor:
         slot.restart_at = now + slot.backoff
         slot.backoff = min(slot.backoff * 2, MAX_BACKOFF_S)
 
+    def children(self) -> list[tuple[int, int | None]]:
+        """(index, pid of its child or None) of every slot (the health probes read it from
+        another thread: a list made anew, of plain values)."""
+        return [(s.index, s.proc.pid if s.proc is not None else None) for s in self.slots]
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.signals or self.failed)
+
     def _alive(self) -> list[Slot]:
         return [s for s in self.slots if s.proc is not None]
 

@@ -13,7 +13,7 @@ import re
 
 from delayq.errors import ProtocolVersionError
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 UNSTAMPED = "1.0"  # what a queue written before stamping existed speaks
 
 _VERSION_RE = re.compile(r"^(\d+)(?:\.(\d+))?$")

@@ -36,7 +36,7 @@ from delayq.timing import ms_to_datetime
 from delayq.worker import unreadable
 from delayq.worker.execute import Executor
 from delayq.worker.outcome import Outcome, outcome_op
-from delayq.worker.threads import HandlerThreads
+from delayq.worker.threads import HandlerThreads, Job
 
 if TYPE_CHECKING:
     from delayq.worker.worker import Worker
@@ -50,6 +50,7 @@ _OUTCOMES: dict[str, RanOutcome] = {
     "retry": "retry",
     "bury": "dead",
     "release": "deferred",  # handed back without using an attempt (Defer: a re-armed key)
+    "handback": "deferred",  # no handler for its kind: handed back (or buried, its grace over)
 }
 OUTCOME_EXCEPTIONS = (Retry, Discard, Fail, Defer)
 BATCH = 100  # tasks claimed at a time, all due by the virtual now
@@ -130,15 +131,16 @@ class InlineThreads(HandlerThreads):
         super().__init__(0, loop, "delayq-drain")
         self.loop = loop
 
-    def submit(self, fn: Any, arg: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = self.loop.create_future()
+    def submit(self, fn: Any, arg: Any) -> Job:
+        job = Job(self.loop.create_future())
         try:
-            fut.set_result(fn(arg))
+            job.fut.set_result(fn(arg))
         except Exception as e:
-            fut.set_exception(e)
+            job.fut.set_exception(e)
         except BaseException as e:  # sys.exit() in a handler fails the task, as in a worker
-            fut.set_exception(RuntimeError(f"handler raised {e!r}"))
-        return fut
+            job.fut.set_exception(RuntimeError(f"handler raised {e!r}"))
+        job.returned = True
+        return job
 
 
 def _clock_of(worker: Worker) -> VirtualClock:
@@ -280,8 +282,10 @@ class _Drain:
         if claimed.header.kind == EXPIRE_KIND:
             await self._expire_key(core, runner, claimed)
         outcome: Outcome = await executor.run(claimed, lambda task: None)
-        refused = await runner.run(outcome_op(core, outcome.action, [outcome]))
+        refused = await runner.run(outcome_op(core, outcome.action, [outcome], executor.unknown))
         ran: RanOutcome = _OUTCOMES[outcome.action]
+        if outcome.action == "handback" and outcome.id in executor.unknown.buried:
+            ran = "dead"  # its unknown_kind_grace was over
         if refused:  # its lease ended: a handler moved the clock by more than LEASE_MS
             log.warning("the outcome of %s was refused: its lease was lost", claimed.id)
             ran = "lost"

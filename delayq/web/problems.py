@@ -17,11 +17,13 @@ TYPE_BASE = "urn:delayq:problem:"
 
 # type name -> (status, title); the OpenAPI document lists the same table.
 TYPES: dict[str, tuple[int, str]] = {
+    "bad-request": (400, "Malformed request"),
     "unauthorized": (401, "Missing or wrong token"),
     "not-found": (404, "Not found"),
     "method-not-allowed": (405, "Method not allowed"),
     "request-timeout": (408, "Request not received in time"),
     "conflict": (409, "Conflict with the task's state"),
+    "in-flight": (409, "Idempotency-Key still being answered"),
     "too-large": (413, "Request too large"),
     "unsupported-media-type": (415, "Unsupported media type"),
     "invalid": (422, "Invalid request"),

@@ -190,10 +190,9 @@ class Protocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(data)
                 data = b""
-            except httptools.HttpParserError:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+            except httptools.HttpParserError as e:
+                self.logger.warning("Invalid HTTP request received.")
+                self.refuse_malformed(data, e)
                 return
             except httptools.HttpParserUpgrade as upgrade:
                 if self._should_upgrade():  # a WebSocket this server takes
@@ -209,6 +208,34 @@ class Protocol(HttpToolsProtocol):
                 self.disarm()
         else:
             self.settle()
+
+    def refuse_malformed(self, data: bytes, error: Exception) -> None:
+        """A request the parser refused (``data``: the bytes it was fed): a 400 problem, and
+        the connection closed (uvicorn's answer is a text/plain 400)."""
+        if data.startswith(b"PRI * HTTP/2"):
+            detail = (
+                "the request is HTTP/2 with prior knowledge (the HTTP/2 preface): this API "
+                "speaks HTTP/1.1. Send HTTP/1.1 requests (an 'Upgrade: h2c' offer is fine: it "
+                "is served as HTTP/1.1), not HTTP/2 from the first byte (curl "
+                "--http2-prior-knowledge, an h2c-only client)"
+            )
+        else:
+            why = str(error) or type(error).__name__
+            detail = (
+                f"the request is not valid HTTP/1.1 ({why}): check its request line, its "
+                "headers (each 'Name: value'), its chunked framing, and that it has either a "
+                "Content-Length or a Transfer-Encoding, not both"
+            )
+        self.send_problem(Problem("bad-request", detail))
+
+    def send_400_response(self, msg: str) -> None:
+        # (uvicorn's own 400, text/plain; only a parser error sends it)
+        self.send_problem(Problem("bad-request", f"the request is not valid HTTP/1.1 ({msg})"))
+
+    def send_problem(self, p: Problem) -> None:
+        self.disarm()
+        self.transport.write(problem_response(p, self.server_state.default_headers))
+        self.transport.close()
 
     def decline_upgrade(self, rest: bytes) -> bytes:
         """What to feed the parser after the head of a request whose upgrade is not taken

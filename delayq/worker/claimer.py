@@ -29,6 +29,7 @@ from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.worker import unreadable
 from delayq.worker.clock import ServerClock
+from delayq.worker.health import Health
 from delayq.worker.lane import Lane
 from delayq.worker.runs import Runs
 from delayq.worker.waker import Waker
@@ -116,6 +117,65 @@ def sources_of(lanes: Sequence[Lane], lead: float = 0.0) -> list[Source]:
     return [Source(lane, shard, core, i, lead) for i, (lane, shard, core) in enumerate(shards)]
 
 
+class SourceOrder:
+    """In which order the claim loop visits its sources, and how it splits the free room
+    between those it visits (``Worker(weights=, strict=)``, docs/priorities.md).
+
+    - By default: the first visited rotates, and each gets an equal share.
+    - Weighted: the room is dealt one slot at a time by smooth weighted round robin (nginx's:
+      each visited source's credit grows by its weight, the one with the most takes the slot
+      and pays the total), so over time each source gets slots in proportion to its weight,
+      and a source with tasks due is never starved: its credit grows until it wins. A
+      queue's weight is split between its shards. A source that leaves its share unused (it
+      had fewer due) is not visited again until it has more, so the others take the room.
+    - Strict: the lanes in order (the heaviest first, then as given), each taking all the
+      room it can before the next is claimed from; a lane's shards rotate among themselves.
+    """
+
+    def __init__(self, sources: Sequence[Source], *, weighted: bool, strict: bool) -> None:
+        self.sources = list(sources)
+        self.strict = strict
+        self.weighted = weighted and not strict
+        shards: dict[int, int] = {}
+        for s in sources:
+            shards[s.lane.index] = shards.get(s.lane.index, 0) + 1
+        self.weight = [s.lane.weight / shards[s.lane.index] for s in sources]
+        self.credit = [0.0] * len(sources)
+        lanes = sorted({s.lane.index: s.lane for s in sources}.values(), key=_strict_rank)
+        self.groups = [[s for s in sources if s.lane is lane] for lane in lanes]
+
+    def next(self, turn: int) -> list[Source]:
+        """The sources in the order of this pass (``turn``: the pass's number)."""
+        if self.strict:
+            return [g[(turn + k) % len(g)] for g in self.groups for k in range(len(g))]
+        n = len(self.sources)
+        return [self.sources[(turn + k) % n] for k in range(n)]
+
+    def shares(self, visit: Sequence[Source], free: int) -> list[int]:
+        """How many tasks each source visited may claim, of ``free``."""
+        if not visit:
+            return []
+        if self.strict:
+            return [free] * len(visit)  # each takes what the ones before it left
+        if not self.weighted or len(visit) == 1:
+            return [-(-free // len(visit))] * len(visit)
+        credit, weight = self.credit, self.weight
+        index = [s.index for s in visit]
+        total = sum(weight[i] for i in index)
+        got = dict.fromkeys(index, 0)
+        for _ in range(free):
+            for i in index:
+                credit[i] += weight[i]
+            best = max(index, key=credit.__getitem__)
+            credit[best] -= total
+            got[best] += 1
+        return [got[i] for i in index]
+
+
+def _strict_rank(lane: Lane) -> tuple[int, int]:
+    return (-lane.weight, lane.index)
+
+
 class Claimer:
     """The claim loop of one serving worker (:meth:`run`)."""
 
@@ -133,6 +193,9 @@ class Claimer:
         lease_ms: int,
         lookahead_s: float,
         max_wait_s: float,
+        health: Health | None = None,
+        weighted: bool = False,
+        strict: bool = False,
     ) -> None:
         self.lanes = lanes
         self.sources = sources_of(lanes, lookahead_s)
@@ -146,6 +209,8 @@ class Claimer:
         self.lease_ms = lease_ms
         self.lookahead_s = lookahead_s
         self.max_wait_s = max_wait_s
+        self.health = health or Health(max_wait_s)  # told of each pass (/livez, /readyz)
+        self.order = SourceOrder(self.sources, weighted=weighted, strict=strict)
 
     def to_loop(self, server_ms: float) -> float:
         return self.clock.to_loop(server_ms, asyncio.get_running_loop().time())
@@ -158,9 +223,11 @@ class Claimer:
         # Which source goes first: rotates, so no shard's or queue's backlog starves another.
         turn = 0
         was_full = False  # the announcements heard while full were set aside unread
+        health = self.health
         while not stopping.is_set():
             free = runs.room()
             if free <= 0:
+                health.full()
                 # Full: announcements do not matter until a handler finishes and pokes. Any
                 # poke so far is answered: we looked, and we are full (and not stopping).
                 waker.reset()
@@ -176,7 +243,7 @@ class Claimer:
                 sources[0].resting_until = 0.0  # e.g. the wake-up link is back: the server too?
             now = loop.time()
             soon = now + self.lookahead_s
-            order = [sources[(turn + k) % len(sources)] for k in range(len(sources))]
+            order = self.order.next(turn)
             turn += 1
             visit = [
                 s
@@ -194,9 +261,11 @@ class Claimer:
             full = False
             # Each source visited gets its share, and their tasks start interleaved: a batch
             # claimed ahead from one source must not run before every other source's tasks.
-            share = -(-free // max(len(visit), 1))
+            shares = self.order.shares(visit, free)
             batches: list[tuple[Lane, list[Claimed]]] = []
-            for s in visit:
+            for s, share in zip(visit, shares, strict=True):
+                if share <= 0:  # (weighted: none dealt this pass; looked at in a later one)
+                    continue
                 s.seen_at = loop.time()
                 limit = min(share, free)
                 # A look that nothing prompted (see _announced_to_nobody).
@@ -204,6 +273,7 @@ class Claimer:
                 try:
                     s.next_at, got, again = await self._claim_from(s, limit, batches)
                 except DelayqError as e:
+                    health.failed(e)
                     where = self._where(s)
                     log.warning("claim failed%s (%s); retrying in %.1f s", where, e, s.backoff)
                     s.resting_until = loop.time() + s.backoff
@@ -211,6 +281,7 @@ class Claimer:
                     s.lead = self.lookahead_s
                     s.backoff = min(s.backoff * 2, MAX_BACKOFF_S)
                     continue
+                health.looked()
                 s.backoff = FIRST_BACKOFF_S
                 s.lead = streaming_lead if got else self.lookahead_s
                 if lone and got and not s.lane.caps:
@@ -240,7 +311,13 @@ class Claimer:
             self.runs.start_many(batches[0][0], batches[0][1], now_ms)
         elif batches:
             first = batches[0][0]
-            if all(lane is first for lane, _ in batches):  # a sharded queue's
+            if self.order.strict:  # the first queue's first: in the order claimed
+                self.runs.start_many(
+                    [lane for lane, got in batches for _ in got],
+                    [c for _, got in batches for c in got],
+                    now_ms,
+                )
+            elif all(lane is first for lane, _ in batches):  # a sharded queue's
                 self.runs.start_many(first, interleave([got for _, got in batches]), now_ms)
             else:
                 tasks, lanes = interleave_lanes(batches)

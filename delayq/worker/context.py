@@ -225,20 +225,20 @@ class WorkerContext:
             if timeout is None:
                 return await coro
             return await asyncio.wait_for(coro, timeout)
-        fut = self.threads.submit(handler.fn, arg)
+        job = self.threads.submit(handler.fn, arg)
         overran: float | None = None
         try:
-            # Shielded: cancelling the call (a lost lease, shutdown) must not cancel the
-            # future, whose end is the thread's real end.
+            # Cancelling the call (a lost lease, shutdown) cancels job.fut, not the thread:
+            # job.returned and job.ended() say when the thread has really returned.
             if timeout is None:
-                return await asyncio.shield(fut)
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+                return await job.fut
+            return await asyncio.wait_for(job.fut, timeout)
         except TimeoutError:
-            if fut.done():
+            if job.returned:
                 raise  # the function's own TimeoutError
             overran = timeout
             task.lease_lost.set()
             raise TimeoutError(f"{what} took longer than its timeout of {timeout} s") from None
         finally:
-            if not fut.done() and (owner := ATTEMPT.get()) is not None:
-                owner.outlived(fut, overran)
+            if not job.returned and (owner := ATTEMPT.get()) is not None:
+                owner.outlived(job.ended(), overran)

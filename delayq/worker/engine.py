@@ -55,14 +55,17 @@ from delayq.worker.collector import freeze_once
 from delayq.worker.context import WorkerContext
 from delayq.worker.events import Events
 from delayq.worker.execute import Executor
+from delayq.worker.health import Health
 from delayq.worker.heartbeat import Heartbeat
 from delayq.worker.lane import Lane
+from delayq.worker.lifecycle import RUNNING
 from delayq.worker.outcome import Finisher
 from delayq.worker.runs import Runs
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 from delayq.worker.waker import Waker
 
+HAND_BACK_SHOWN = 100  # ids named in the hand-back line (all of them are in its task_ids)
 log = logging.getLogger("delayq.worker")
 
 HANDLER_THREAD_PREFIX = "delayq-handler"
@@ -80,10 +83,14 @@ class Host(Protocol):
     grace_s: float
     lookahead_s: float
     max_wait_s: float
+    unknown_kind_grace_s: float
+    weighted: bool
+    strict: bool
     freeze_gc: bool
     clock: ServerClock
     events: Events
     supervisor: Supervisor
+    health: Health
 
     def registration(self, lane: int = 0) -> str: ...
 
@@ -200,14 +207,16 @@ class Engine:
         lease_ms = round(host.lease_s * 1000)
         several = len(self.lanes) > 1
         for lane, ctx in zip(self.lanes, self.contexts, strict=True):
+            executor = Executor(ctx, host.unknown_kind_grace_s)
             lane.open(
                 ctx,
-                Executor(ctx),
+                executor,
                 Finisher(
                     ctx.shards,
                     self.runner,
                     functools.partial(self.runs.written, lane),
                     functools.partial(self.runs.dropped, lane),
+                    executor.unknown,
                 ),
                 Heartbeat(
                     ctx.shards,
@@ -225,6 +234,7 @@ class Engine:
             # A running task aborted (queue.abort): found by the heartbeat when the wake
             # channel's message was missed ...
             lane.heartbeat.on_aborted = functools.partial(self.runs.abort, lane)
+            lane.heartbeat.health = host.health
         self.claimer = Claimer(
             self.lanes,
             self.runs,
@@ -237,7 +247,11 @@ class Engine:
             lease_ms=lease_ms,
             lookahead_s=host.lookahead_s,
             max_wait_s=host.max_wait_s,
+            health=host.health,
+            weighted=host.weighted,
+            strict=host.strict,
         )
+        self.claim_loop: asyncio.Task[None] | None = None
         # ... or told on the wake channel.
         if several:
             self.waker.on_abort = self.heard_abort
@@ -262,17 +276,28 @@ class Engine:
 
     def stop(self) -> None:
         """Begin the shutdown: ``stopping`` set, and the claim loop woken to see it."""
+        self.host.health.stopping = True
         self.ctx.stop()
+
+    def watched(self) -> list[asyncio.Task[None]]:
+        """The loops whose end makes the worker not live: the supervised ones and the claim
+        loop."""
+        return [*self.loops, *([self.claim_loop] if self.claim_loop is not None else [])]
 
     # -- the order ------------------------------------------------------------------------
 
     async def serve(self, install_signals: bool = False) -> None:
         """Start, serve until stopped, stop: in the order of the module docstring. Raises
         what the checks refuse, or ``WorkerFailed`` when a loop kept failing."""
+        health = self.host.health
+        health.reset()
+        pulse = self.host.supervisor.start("health", functools.partial(health.run, self.watched))
         try:
             self.eviction_policy = await check_eviction(self.client)
             await self.check_shards()
         except BaseException:  # a wrong shard count, scripts refused, cancelled
+            await cancel_and_wait([pulse])
+            health.ended()
             await self.close()
             raise
         try:
@@ -282,7 +307,7 @@ class Engine:
             await self.run_startup()
             if self.host.freeze_gc:
                 freeze_once()
-            claim_loop = self.host.supervisor.start(
+            claim_loop = self.claim_loop = self.host.supervisor.start(
                 "claim", functools.partial(self.claimer.run, self.stopping)
             )
             if self.stop_requested.is_set():
@@ -298,6 +323,8 @@ class Engine:
         finally:
             await self.hand_back()
             await cancel_and_wait(self.loops)  # the cron checks too (start-up hooks)
+            await cancel_and_wait([pulse])
+            health.ended()
             await self.close()
             names = ", ".join(repr(lane.name) for lane in self.lanes)
             log.info("worker on queue %s stopped", names)
@@ -314,6 +341,7 @@ class Engine:
                 stored = await self.runner.run(unchecked[0].shards.check_op())
             except ConnectionFailed as e:
                 log.warning("%s; retrying", e)  # the error says it first: cannot reach Redis
+                self.host.health.failed(e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -360,6 +388,7 @@ class Engine:
         the grace period, hand back the rest, write every result, and unregister."""
         self.runs.release_unstarted()
         await self.runs.wait_running(self.host.grace_s, self.force)
+        self._log_hand_back()
         await self.runs.cancel_running()
         try:
             await asyncio.wait_for(
@@ -376,6 +405,28 @@ class Engine:
             await self.runner.run_many(
                 [leasing.unregister(lane.queue.core, self.host.id) for lane in self.lanes]
             )
+
+    def _log_hand_back(self) -> None:
+        """Say which tasks still run once the grace period is over (or a second signal cut
+        it short): they are cancelled and handed back, to run again elsewhere."""
+        ids = sorted(r.claimed.id for r in self.runs.running if r.state == RUNNING)
+        if not ids:
+            return
+        why = (
+            "second signal"
+            if self.force.is_set()
+            else f"grace period of {self.host.grace_s:g} s over"
+        )
+        shown = ", ".join(ids[:HAND_BACK_SHOWN])
+        more = f" and {len(ids) - HAND_BACK_SHOWN} more" if len(ids) > HAND_BACK_SHOWN else ""
+        log.warning(
+            "%s: handing back %d task(s) still running, to run again: %s%s",
+            why,
+            len(ids),
+            shown,
+            more,
+            extra={"task_ids": ids},
+        )
 
     async def close(self) -> None:
         """The alarm, the handler threads and the connection (the worker's own)."""

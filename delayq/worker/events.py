@@ -22,6 +22,9 @@ EventName = Literal[
     "dead",  # went to the dead set (Fail, attempts spent, no handler, undecodable)
     "lease_lost",  # the worker lost the lease while the handler ran
     "aborted",  # the task was aborted (queue.abort) while the handler ran: not a failure
+    # No handler for its kind on this worker: handed back, its attempt not counted (or, its
+    # unknown_kind_grace over, buried: then "dead" follows).
+    "unknown_kind",
     # A sync handler's thread runs on past its attempt (its timeout, a lost lease, an abort):
     # it holds its slot and its kind's place until it returns ("overrun_ended", duration:
     # how long it ran on).

@@ -3,22 +3,29 @@ to the Finisher, which writes it.
 
 Outcomes: return -> done; ``Discard`` -> done, not retried; ``Fail`` -> dead now; ``Retry``
 -> again after its delay; any other exception -> again after the handler's backoff, or dead
-with the traceback once the attempts are spent. Every attempt is counted.
+with the traceback once the attempts are spent. Every attempt is counted. A task of a kind
+with no handler here is handed back, its attempt not counted, until ``unknown_kind_grace``
+has passed (``unknown.py``).
 
 The handler runs through the worker's middleware (``WorkerContext.invoke``); with none, an
-async handler without a timeout is awaited directly. Logs: a failed attempt that will be
-retried is one WARNING record, the attempt that leaves a task dead one ERROR record, each
-with the exception (``exc_info``: its traceback) and the ``task_id``, ``kind``, ``attempt``
-and ``queue`` as extra fields (:func:`log_fields`).
+async handler without a timeout is awaited directly. Logs: a finished attempt is one DEBUG
+record (``FINISHED``, with its ``duration`` and ``lateness``), a failed attempt that will be
+retried one WARNING record, the attempt that leaves a task dead one ERROR record, each with
+the exception (``exc_info``: its traceback from the handler's frame on, as the stored
+``last_error``) and the ``task_id``, ``kind``, ``attempt`` and ``queue`` as extra fields
+(:func:`log_fields`). While the handler runs, ``delayq.logs.CURRENT`` holds its task, so
+whatever it logs names the task too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from delayq.backoff import delay_for
@@ -32,14 +39,43 @@ from delayq.codec import (
 )
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
+from delayq.logs import CURRENT
 from delayq.task import Task
 from delayq.timing import seconds
 from delayq.worker.context import ATTEMPT, ThreadOwner, WorkerContext
 from delayq.worker.events import EventName, TaskEvent
 from delayq.worker.outcome import Outcome
 from delayq.worker.registry import Handler
+from delayq.worker.unknown import DEFAULT_GRACE_S, UnknownKinds
 
 log = logging.getLogger("delayq.worker")
+
+# A finished attempt's line. DEBUG, not INFO: ``delayq worker`` logs at INFO by default, and
+# a line per task there costs the worker more than the rest of a short task's run does
+# (docs/observability.md has the figures); a failure is logged at WARNING or ERROR anyway.
+FINISHED = logging.DEBUG
+
+# Where the frames a traceback starts with are the worker's, not the handler's: the executor,
+# the context's invoke and call, the middleware's layers, the handler threads, the features'
+# internal handlers, delayq's own middleware (contrib/: OpenTelemetry's), and asyncio's waits
+# between them.
+_WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL = (
+    _WORKER_DIR + os.sep,
+    os.path.join(os.path.dirname(_WORKER_DIR), "contrib") + os.sep,
+    os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep,
+)
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def from_handler(e: BaseException) -> ExcInfo:
+    """``e`` as ``exc_info`` whose traceback starts at the first frame that is not the
+    worker's (the handler's, or a middleware's of the user's): the frames before it say
+    nothing about the failure. None for an exception the worker raised itself (a timeout)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_INTERNAL):
+        tb = tb.tb_next
+    return type(e), e, tb
 
 
 def _retry_after(h: Handler, attempt: int, requested: float | None) -> str:
@@ -86,7 +122,7 @@ def build_task(claimed: Claimed, queue: str, codecs: dict[str, Codec]) -> Task:
 
 
 class Executor:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, unknown_kind_grace_s: float = DEFAULT_GRACE_S) -> None:
         self.registry = ctx.registry
         self.queue = ctx.core.name
         self.codecs = ctx.core.codecs
@@ -97,10 +133,13 @@ class Executor:
         self.call = ctx.call  # without the middleware: for the internal handlers
         self.bare = ctx.chain is None  # no middleware: the fast path below is allowed
         self.classify = ctx.classify
+        self.virtual = ctx.core.clock  # a test's virtual clock, else None: this machine's
         # Told of every exception a handler raised, before it is classified (drain()'s
         # raise_errors); None in a serving worker.
         self.on_failure: Callable[[Task, BaseException], None] | None = None
         self._hooks: set[asyncio.Task[None]] = set()  # on_dead hooks of buried_unread
+        # Tasks of kinds with no handler here: handed back, then buried (unknown.py).
+        self.unknown = UnknownKinds(unknown_kind_grace_s, self.buried_unread)
 
     def emit(self, name: EventName, claimed: Claimed, **fields: Any) -> None:
         """Tell the listeners (metrics, logs) what became of an attempt of ``claimed``."""
@@ -117,13 +156,14 @@ class Executor:
         duration: float | None = None,
         *,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
+        late: float = -1.0,
     ) -> Outcome:
         """Bury the task, with one ERROR record: ``summary`` (else the reason's first line)
         and ``exc``, the exception that killed it, with its traceback."""
         self._dead(claimed, reason, duration, summary, exc)
         await self._fire_on_dead(task, claimed.id, reason)
-        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard)
+        return Outcome("bury", claimed.id, claimed.token, "", reason, claimed.shard, late)
 
     def _dead(
         self,
@@ -131,7 +171,7 @@ class Executor:
         reason: str,
         duration: float | None = None,
         summary: str | None = None,
-        exc: BaseException | None = None,
+        exc: ExcInfo | None = None,
     ) -> None:
         first = reason.splitlines()[0] if reason else ""
         self.emit("dead", claimed, duration=duration, error=first)
@@ -167,14 +207,12 @@ class Executor:
             except Exception:
                 log.exception("on_dead hook %r failed", hook)
 
-    def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str:
-        """The task and its handler, or the reason it can never run here (it will be buried)."""
+    def prepare(self, claimed: Claimed) -> tuple[Task, Handler] | str | None:
+        """The task and its handler, the reason it can never run (it will be buried), or
+        None: its kind has no handler here (it will be handed back)."""
         handler = self.registry.get(claimed.header.kind)
         if handler is None:
-            return (
-                f"no handler for kind {claimed.header.kind!r} on this worker "
-                f"(registered: {', '.join(self.registry.kinds()) or 'none'})"
-            )
+            return None
         try:
             task = build_task(claimed, self.queue, self.codecs)
         except RecordError as e:
@@ -207,6 +245,8 @@ class Executor:
         ``owner`` is told of a handler thread that outlives its call (see
         :data:`~delayq.worker.context.ATTEMPT`), the run that holds its slot."""
         prepared = self.prepare(claimed)
+        if prepared is None:
+            return self._hand_back(claimed)
         if isinstance(prepared, str):
             return await self._bury(None, claimed, prepared)
         task, handler = prepared
@@ -215,34 +255,54 @@ class Executor:
             # It may call a thread (a sync handler; an internal one calling the user's
             # function): set in this attempt's own context (a copy per run), no other's.
             ATTEMPT.set(owner)
-        t0 = time.perf_counter()
-        if self.events.listeners:
-            self.emit("started", claimed, lateness=time.time() - task.due_at.timestamp())
+        reset = CURRENT.set(task)  # what the handler logs names its task (delayq/logs.py)
         try:
-            if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
-                value = await handler.fn(task)  # the usual case, one coroutine frame fewer
-            elif handler.internal:  # cron, expiry: they invoke the user's function themselves
-                value = await self.call(handler, task)
-            else:
-                value = await self.invoke(handler, task)
-        except asyncio.CancelledError as e:
-            if _cancelled_by_us():
-                self._stopped(claimed, task, time.perf_counter() - t0)
-                raise
-            # The handler raised it itself (nobody cancelled the task it runs in): a failed
-            # attempt like any other, or it would be handed back and run again forever.
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
-        except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
-            if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
-                self.emit("aborted", claimed, duration=time.perf_counter() - t0)
-                raise asyncio.CancelledError(f"task {task.id} was aborted") from None
-            return await self._failed(handler, task, claimed, e, time.perf_counter() - t0)
-        if value is not None and not handler.internal:
-            return await self._returned(task, claimed, value, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            late = self._lateness(claimed)
+            if self.events.listeners:
+                self.emit("started", claimed, lateness=late)
+            try:
+                if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
+                    value = await handler.fn(task)  # the usual case, one coroutine frame fewer
+                else:
+                    value = await self._call(handler, task)
+            except asyncio.CancelledError as e:
+                if _cancelled_by_us():
+                    self._stopped(claimed, task, time.perf_counter() - t0)
+                    raise
+                # The handler raised it itself (nobody cancelled the task it runs in): a failed
+                # attempt like any other, or it would be handed back and run again forever.
+                took = time.perf_counter() - t0
+                return await self._failed(handler, task, claimed, e, took, late)
+            except (Exception, SystemExit) as e:  # sys.exit() fails the task, not the worker
+                if task.aborted:  # (TaskAborted, say): not a failure; nothing is written
+                    self.emit("aborted", claimed, duration=time.perf_counter() - t0)
+                    raise asyncio.CancelledError(f"task {task.id} was aborted") from None
+                took = time.perf_counter() - t0
+                return await self._failed(handler, task, claimed, e, took, late)
+            value = None if handler.internal else value
+            return await self._succeeded(task, claimed, value, time.perf_counter() - t0, late)
+        finally:
+            CURRENT.reset(reset)  # (drain() runs attempts one after another in one context)
+
+    async def _succeeded(
+        self, task: Task, claimed: Claimed, value: Any, took: float, late: float
+    ) -> Outcome:
+        """A handler returned ``value``: kept as its result, or dead when it cannot be (not
+        JSON, or over the queue's max_result)."""
+        result = ""
+        if value is not None:
+            try:
+                result = encode_result(value, self.max_result)
+            except InvalidTaskError as e:
+                return await self._bury(task, claimed, str(e), took, late=late)
         if self.events.listeners:
-            self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
+            self.emit("succeeded", claimed, duration=took)
+        if log.isEnabledFor(FINISHED):
+            self._finished(claimed, task, took)
+        tomb = self._tomb(claimed)
         return Outcome(
-            "ack", task.id, task.token, "", "", claimed.shard, task.kind, "", self._tomb(claimed)
+            "ack", task.id, task.token, "", "", claimed.shard, late, task.kind, result, tomb
         )
 
     def _tomb(self, claimed: Claimed) -> str:
@@ -252,17 +312,44 @@ class Executor:
         h = claimed.header
         return tombstone_prefix(h.attempts, h.due_ms, self.now_ms())
 
-    async def _returned(self, task: Task, claimed: Claimed, value: Any, took: float) -> Outcome:
-        """A handler returned ``value``: kept as its result, or dead when it cannot be (not
-        JSON, or over the queue's max_result)."""
-        try:
-            result = encode_result(value, self.max_result)
-        except InvalidTaskError as e:
-            return await self._bury(task, claimed, str(e), took)
-        if self.events.listeners:
-            self.emit("succeeded", claimed, duration=took)
-        tomb = self._tomb(claimed)
-        return Outcome("ack", task.id, task.token, "", "", claimed.shard, task.kind, result, tomb)
+    def _lateness(self, claimed: Claimed) -> float:
+        """Its start's lateness (s), on the clock its due time is on (for the dashboard's
+        history, and the metric); -1 for a task claimed with no due time."""
+        due_ms = claimed.header.due_ms
+        if due_ms is None:
+            return -1.0
+        virtual = self.virtual
+        return (time.time() if virtual is None else virtual.now_ms() / 1000) - due_ms / 1000
+
+    async def _call(self, handler: Handler, task: Task) -> Any:
+        if handler.internal:  # cron, expiry: they invoke the user's function themselves
+            return await self.call(handler, task)
+        return await self.invoke(handler, task)
+
+    def _hand_back(self, claimed: Claimed) -> Outcome:
+        """A kind with no handler here: handed back (or, its grace over, buried: the write
+        says which, and ``unknown`` tells ``buried_unread`` of it)."""
+        reason = self.unknown.met(claimed, self.queue, self.registry.kinds())
+        self.emit("unknown_kind", claimed)
+        return Outcome("handback", claimed.id, claimed.token, "", reason, claimed.shard)
+
+    def _finished(self, claimed: Claimed, task: Task, took: float) -> None:
+        """The finished attempt's line (``FINISHED``): how long its handler ran and how late
+        it started after its due time (on this machine's clock)."""
+        due_ms = claimed.header.due_ms
+        late = None if not due_ms else round(time.time() - took - due_ms / 1000, 6)
+        fields = log_fields(task.id, task.kind, task.attempt, self.queue)
+        fields["duration"], fields["lateness"] = round(took, 6), late
+        log.log(
+            FINISHED,
+            "task %s (%s) attempt %d succeeded in %.3f s%s",
+            task.id,
+            task.kind,
+            task.attempt,
+            took,
+            "" if late is None else f", started {late:.3f} s after its due time",
+            extra=fields,
+        )
 
     def _stopped(self, claimed: Claimed, task: Task, duration: float) -> None:
         """The attempt was cancelled by the worker: aborted, its lease lost, or shutdown."""
@@ -272,7 +359,13 @@ class Executor:
             self.emit("lease_lost", claimed, duration=duration)
 
     async def _failed(
-        self, handler: Handler, task: Task, claimed: Claimed, e: BaseException, duration: float
+        self,
+        handler: Handler,
+        task: Task,
+        claimed: Claimed,
+        e: BaseException,
+        duration: float,
+        late: float,
     ) -> Outcome:
         """Act on what an exception from the handler means (see the module docstring)."""
         if self.on_failure is not None:
@@ -286,10 +379,11 @@ class Executor:
             self.emit("discarded", claimed, duration=duration)
             tomb = self._tomb(claimed)
             return Outcome(
-                "discard", task.id, task.token, "", "", claimed.shard, task.kind, "", tomb
+                "discard", task.id, task.token, "", "", claimed.shard, late, task.kind, "", tomb
             )
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
-        text = "".join(traceback.format_exception(e)) if unexpected else v.error
+        exc = from_handler(e)
+        text = "".join(traceback.format_exception(*exc)) if unexpected else v.error
         if v.failed:
             self.emit("failed", claimed, duration=duration, error=v.error)
         if v.outcome == "dead":
@@ -298,7 +392,9 @@ class Executor:
             if reason is None:
                 reason = f"{attempts} failed:\n{text}"
             summary = f"{attempts} failed: {v.error}" if unexpected else reason
-            return await self._bury(task, claimed, reason, duration, summary=summary, exc=e)
+            return await self._bury(
+                task, claimed, reason, duration, summary=summary, exc=exc, late=late
+            )
         if unexpected:
             log.warning(
                 "task %s (%s) attempt %d of %d failed, will retry: %s",
@@ -307,9 +403,9 @@ class Executor:
                 task.attempt,
                 task.max_attempts,
                 v.error,
-                exc_info=e,
+                exc_info=exc,
                 extra=fields,
             )
         self.emit("retried", claimed, duration=duration)
         due = _retry_after(handler, task.attempt, v.after)
-        return Outcome("retry", task.id, task.token, due, text, claimed.shard)
+        return Outcome("retry", task.id, task.token, due, text, claimed.shard, late)

@@ -12,6 +12,7 @@ from delayq.errors import DelayqError
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner
 from delayq.shards import Shards
+from delayq.worker.health import Health
 
 log = logging.getLogger("delayq.worker")
 
@@ -45,6 +46,7 @@ class Heartbeat:
         # A queue of a worker of several: beat (register) while the worker holds any lease,
         # even none of this queue's, since a full worker sends no claim to register with.
         self.beat_while = beat_while
+        self.health: Health | None = None  # told whether Redis answered (/readyz)
 
     async def tick(self) -> list[tuple[str, int]]:
         """Extend every held lease once; returns (and reports) the (id, token) found lost."""
@@ -114,3 +116,8 @@ class Heartbeat:
                 await self.tick()
             except DelayqError as e:
                 log.warning("lease heartbeat failed (%s); retrying", e)
+                if self.health is not None:
+                    self.health.failed(e)
+                continue
+            if self.health is not None:
+                self.health.answered()

@@ -22,11 +22,15 @@ decorator on the Worker that adds it to a lane.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from delayq import check
 from delayq.connection import redact
 from delayq.errors import ConfigurationError
 from delayq.queue import AsyncQueue, Queue
@@ -152,6 +156,8 @@ class Lane:
         self.queue = queue
         self.name = queue.name
         self.index = index  # its place in the worker's queues
+        # Its share of the worker's claims against the other lanes' (Worker(weights=)).
+        self.weight = 1
         self.registry = Registry()
         # Awaited in order with the lane's context once serving has begun, before the first
         # claim: on_startup's (on the first lane) and the extensions' own (cron's pass).
@@ -217,6 +223,48 @@ def lane_of(lanes: Sequence[Lane], queue: QueueLike | str) -> Lane:
     )
 
 
+MAX_WEIGHT = 1000
+
+
+def set_weights(lanes: Sequence[Lane], weights: Any) -> bool:
+    """``Worker(weights=)``: a mapping of the worker's queues (or their names) to whole
+    numbers from 1 to MAX_WEIGHT, set on their lanes (a queue left out weighs 1). Returns
+    whether any was given. ConfigurationError names what is wrong."""
+    if weights is None:
+        return False
+    if not isinstance(weights, Mapping):
+        raise ConfigurationError(
+            f"weights must be a dict of the worker's queues (or their names) to whole numbers, "
+            f"got {check.shown(weights)}; e.g. weights={{payments: 5, emails: 1}}"
+        )
+    seen: set[int] = set()
+    for queue, weight in weights.items():
+        if not isinstance(queue, (Queue, AsyncQueue, str)):
+            raise ConfigurationError(
+                f"weights has the key {check.shown(queue)}: key it by one of the worker's "
+                "queues, or its name"
+            )
+        name = queue if isinstance(queue, str) else queue.name
+        try:
+            lane = lane_of(lanes, queue)
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"weights names the queue {name!r}, which is not one of this worker's queues "
+                f"({', '.join(repr(lane.name) for lane in lanes)}): weigh only those"
+            ) from None
+        if lane.index in seen:
+            raise ConfigurationError(f"weights gives the queue {name!r} twice: weigh it once")
+        seen.add(lane.index)
+        lane.weight = check.whole(
+            weight,
+            f"weights[{name!r}]",
+            1,
+            MAX_WEIGHT,
+            hint=" (the queue's share of the worker's claims against the others')",
+        )
+    return bool(seen)
+
+
 def one_lane(lanes: Sequence[Lane], queue: QueueLike | str | None, what: str) -> Lane:
     """The lane a cron schedule or an expiry callback belongs to: ``queue=``'s, else the only
     one; a worker of several queues must be told which."""
@@ -254,3 +302,23 @@ class WorkerHook:
 
     def __repr__(self) -> str:
         return repr(self.fn)
+
+
+def registration_text(
+    concurrency: int, in_flight: int, kinds: list[str], started: float, beat: float
+) -> str:
+    """What a worker publishes about itself on every claim and heartbeat (JSON): its
+    registrations arrive at least every ``beat`` s (never under REGISTER_EVERY_S); three
+    missed ones mean it is dead."""
+    return json.dumps(
+        {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": concurrency,
+            "in_flight": in_flight,
+            "kinds": kinds,
+            "started": round(started, 3),
+            "beat": round(max(REGISTER_EVERY_S, beat), 3),
+        },
+        separators=(",", ":"),
+    )

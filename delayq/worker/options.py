@@ -49,3 +49,20 @@ def checked_hook(fn: F, call: str, called_with: str) -> F:
     """A function given to a registration (``on_startup(fn)``, ...), named in the message by
     the call: ``on_startup(fn)``."""
     return check.function(fn, call, hint=f" ({called_with})")
+
+
+def configured(
+    now: tuple[int, float, float], given: tuple[Any, Any, Any], caps: list[tuple[str, int]]
+) -> tuple[int, float, float]:
+    """``Worker.configure``: the (concurrency, lease, unknown_kind_grace) it takes, from
+    those it has (``now``) and those ``given`` (None: unchanged), each checked as the
+    constructor checks it, the kinds' ``caps`` against the new concurrency."""
+    from delayq import controls
+
+    concurrency, lease, grace = given
+    most = now[0] if concurrency is None else checked_concurrency(concurrency)
+    for kind, cap in caps:
+        controls.checked_concurrency(kind, cap, most)
+    lease_s = now[1] if lease is None else checked_lease(lease)
+    grace_s = now[2] if grace is None else config_seconds(grace, "unknown_kind_grace")
+    return most, lease_s, grace_s

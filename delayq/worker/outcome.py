@@ -13,6 +13,7 @@ from delayq.core import Op, QueueCore
 from delayq.errors import ConnectionFailed, DelayqError
 from delayq.runner import AsyncRunner
 from delayq.shards import Shards
+from delayq.worker.unknown import UnknownKinds
 
 log = logging.getLogger("delayq.worker")
 
@@ -26,7 +27,7 @@ REFUSALS_BEFORE_ALONE = 3
 # worker's is written at once).
 WRITE_EVERY_S = 0.002
 
-Action = Literal["ack", "discard", "retry", "bury", "release"]
+Action = Literal["ack", "discard", "retry", "bury", "release", "handback"]
 
 
 class Outcome(NamedTuple):
@@ -36,24 +37,36 @@ class Outcome(NamedTuple):
     id: str
     token: int
     due: str = ""  # retry: due spec; release: new due spec ("" keeps the due time)
-    text: str = ""  # retry: error; bury: reason
+    text: str = ""  # retry: error; bury, handback: reason
     shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
+    late: float = -1.0  # seconds from its due time to its handler's start; -1: never started
     kind: str = ""  # ack, discard: the task's kind, for its tombstone
     result: str = ""  # ack: what the handler returned, as JSON text ("" for None)
     # ack, discard: the tombstone's "<attempt> <ms from due to finish> " (leasing.ack)
     tomb: str = ""
 
 
-def outcome_op(core: QueueCore, action: Action, items: list[Outcome]) -> Op[list[str]]:
-    leases = [(o.id, o.token) for o in items]
+def outcome_op(
+    core: QueueCore, action: Action, items: list[Outcome], unknown: UnknownKinds | None = None
+) -> Op[list[str]]:
+    """The write of ``items``, all of ``action``; a hand-back's by ``unknown``'s policy. An
+    ack's, retry's or burial's lateness goes to the dashboard's history (delayq/history.py)."""
     if action in ("ack", "discard"):
+        leases = [(o.id, o.token) for o in items]
+        late = [o.late for o in items]
         finished = [(o.tomb, o.kind, o.result) for o in items]
-        return leasing.ack(core, leases, discarded=action == "discard", finished=finished)
+        return leasing.ack(
+            core, leases, discarded=action == "discard", lateness=late, finished=finished
+        )
     if action == "retry":
-        return leasing.retry(core, [(o.id, o.token, o.due, o.text) for o in items])
+        rows = [(o.id, o.token, o.due, o.text) for o in items]
+        return leasing.retry(core, rows, lateness=[o.late for o in items])
     if action == "bury":
-        return leasing.bury(core, [(o.id, o.token, o.text) for o in items])
-    return leasing.release(core, leases, dues=[o.due for o in items])
+        buried = [(o.id, o.token, o.text) for o in items]
+        return leasing.bury(core, buried, lateness=[o.late for o in items])
+    if action == "handback":
+        return (unknown or UnknownKinds()).op(core, [(o.id, o.token, o.text) for o in items])
+    return leasing.release(core, [(o.id, o.token) for o in items], dues=[o.due for o in items])
 
 
 class Finisher:
@@ -75,8 +88,10 @@ class Finisher:
         runner: AsyncRunner,
         on_written: Callable[[list[Outcome], set[str]], None],
         on_dropped: Callable[[list[Outcome]], None] = lambda outcomes: None,
+        unknown: UnknownKinds | None = None,
     ) -> None:
         self.shards = shards
+        self.unknown = unknown  # how hand-backs of unknown kinds are written
         self.runner = runner
         self.on_written = on_written
         self.on_dropped = on_dropped
@@ -112,7 +127,7 @@ class Finisher:
                     by.setdefault(o.action, []).append(o)
             for action, items in by.items():
                 for i in range(0, len(items), 1000):
-                    ops.append(outcome_op(core, action, items[i : i + 1000]))
+                    ops.append(outcome_op(core, action, items[i : i + 1000], self.unknown))
         return ops
 
     def _by_shard(self, batch: list[Outcome]) -> list[tuple[QueueCore, list[Outcome]]]:

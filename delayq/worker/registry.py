@@ -101,3 +101,23 @@ class Registry:
     def caps(self) -> dict[str, int]:
         """Kind -> its handler's ``concurrency``, for the kinds that have one."""
         return {k: h.concurrency for k, h in self._handlers.items() if h.concurrency is not None}
+
+
+def handler_options(
+    kind: Any, given: dict[str, Any], concurrency: int | None, most: int
+) -> tuple[str, dict[str, Any]]:
+    """``Worker.handler``'s kind and the options of its :func:`make_handler`: a TaskType's
+    defaults (and its payload's loader) under the decorator's own ``given`` (None: not
+    given), a kind's cap checked against the worker's ``most`` slots."""
+    from delayq import controls
+    from delayq.spec import TaskType
+
+    options: dict[str, Any] = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
+    if isinstance(kind, TaskType):
+        options.update(kind.options)  # its defaults, under the decorator's own
+        options["load"], options["refused"] = kind.load, kind.reason
+        kind = kind.kind
+    options.update((k, v) for k, v in given.items() if v is not None)
+    if concurrency is not None:
+        options["concurrency"] = controls.checked_concurrency(kind, concurrency, most)
+    return kind, options

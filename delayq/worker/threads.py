@@ -22,11 +22,34 @@ from typing import Any
 _STOP = object()
 
 
+class Job:
+    """One call in a handler thread. ``fut`` is what the caller awaits: cancelled when the
+    call is abandoned (its timeout, a lost lease, an abort, shutdown), while the thread runs
+    on. ``returned`` says whether the thread has returned, and :meth:`ended` is a future done
+    once it has, made only when asked (a call that outlives its attempt): awaiting ``fut``
+    itself, not a shield of it, keeps the common call to one wake-up of the caller."""
+
+    __slots__ = ("end", "fut", "returned")
+
+    def __init__(self, fut: asyncio.Future[Any]) -> None:
+        self.fut = fut
+        self.returned = False
+        self.end: asyncio.Future[None] | None = None
+
+    def ended(self) -> asyncio.Future[None]:
+        """A future done when the thread has returned (at once if it has)."""
+        if self.end is None:
+            self.end = self.fut.get_loop().create_future()
+            if self.returned:
+                self.end.set_result(None)
+        return self.end
+
+
 class HandlerThreads:
     def __init__(self, size: int, loop: asyncio.AbstractEventLoop, name: str) -> None:
         self._loop = loop
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._results: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self._results: list[tuple[Job, bool, Any]] = []
         self._lock = threading.Lock()
         self._wake_pending = False
         # Handlers running now: counted by the threads themselves, under the lock, as each
@@ -39,28 +62,28 @@ class HandlerThreads:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Job:
         """Run ``fn(arg)`` in a handler thread, in a copy of the caller's context (as
         ``asyncio.to_thread`` does): what a middleware set around the call (a trace's span,
-        a request id) is what the handler sees."""
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._jobs.put((fut, contextvars.copy_context().run, (fn, arg)))
-        return fut
+        a request id) is what the handler sees. Await its ``fut`` for the result."""
+        job = Job(self._loop.create_future())
+        self._jobs.put((job, contextvars.copy_context().run, (fn, arg)))
+        return job
 
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            fut, fn, arg = job
+            call, fn, arg = job
             with self._lock:
                 self.busy += 1
             try:
-                result: tuple[Any, bool, Any] = (fut, True, fn(*arg))
+                result: tuple[Job, bool, Any] = (call, True, fn(*arg))
             except Exception as e:
-                result = (fut, False, e)
+                result = (call, False, e)
             except BaseException as e:  # sys.exit() in a handler fails the task, not the worker
-                result = (fut, False, RuntimeError(f"handler raised {e!r}"))
+                result = (call, False, RuntimeError(f"handler raised {e!r}"))
             with self._lock:
                 self.busy -= 1
                 self._results.append(result)
@@ -76,9 +99,13 @@ class HandlerThreads:
         with self._lock:
             results, self._results = self._results, []
             self._wake_pending = False
-        for fut, ok, value in results:
+        for job, ok, value in results:
+            job.returned = True
+            if job.end is not None:
+                job.end.set_result(None)
+            fut = job.fut
             if fut.done():
-                continue  # cancelled: shutdown or a lost lease
+                continue  # cancelled: the call was abandoned (its timeout, a lost lease, ...)
             if ok:
                 fut.set_result(value)
             else:

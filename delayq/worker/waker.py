@@ -39,6 +39,7 @@ class Waker:
         # after every (re)subscription.
         self.extra: dict[str, Callable[[Any], None]] = {}
         self.on_subscribed: list[Callable[[], None]] = []
+        self.subscribed = asyncio.Event()  # set once the first subscription is live
         self.event = asyncio.Event()
         self.poked = False  # look at the queue now: capacity freed, shutdown, reconnect
         self.hint_ms: int | None = None  # earliest due time announced since the last claim
@@ -76,6 +77,7 @@ class Waker:
                 await pubsub.subscribe(*(c.decode() for c in self.wake_channels), *self.extra)
                 self._renew = False  # a fresh subscription: nothing to renew
                 self.poke()  # anything published while we were away: look now
+                self.subscribed.set()
                 for hook in self.on_subscribed:
                     hook()
                 delay = 0.1

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from delayq import check, controls, hooks
+from delayq import check, hooks
 from delayq.errors import ConfigurationError
 from delayq.expiring.facade import ExpireFn
 from delayq.hooks import Middleware
@@ -28,13 +27,14 @@ from delayq.runner import AsyncRunner
 from delayq.spec import TaskType
 from delayq.task import Task
 from delayq.timing import config_seconds
+from delayq.worker import options as opt
 from delayq.worker.claimer import Source, sources_of
 from delayq.worker.clock import ServerClock
 from delayq.worker.context import WorkerContext
 from delayq.worker.engine import Engine, contexts, worker_client
 from delayq.worker.events import Events, Listener
+from delayq.worker.health import Health
 from delayq.worker.lane import (
-    REGISTER_EVERY_S,
     Lane,
     QueueLike,
     WorkerHook,
@@ -42,14 +42,10 @@ from delayq.worker.lane import (
     checked_queues,
     lane_of,
     one_lane,
+    registration_text,
+    set_weights,
 )
-from delayq.worker.options import (
-    checked_client,
-    checked_concurrency,
-    checked_hook,
-    checked_lease,
-)
-from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, make_handler
+from delayq.worker.registry import DEFAULT_MAX_ATTEMPTS, HandlerFn, handler_options, make_handler
 from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 
@@ -76,27 +72,27 @@ class Worker:
         grace: on shutdown, how long running handlers may finish before they are handed back.
         lookahead: claim tasks due this soon and start each on a local timer, so handlers
             start within a millisecond or two of their due time.
-        max_wait: cap on any idle wait (15 s, at least 0.1 s): how often an idle worker looks at the
-            queue anyway, in case a wake-up was lost without its connection dropping (a dropped one
-            is noticed, and the queue looked at, at once). It is the bound on how late a silently
-            lost wake-up can make a task: at most ``max_wait`` (plus the look's round trip); a look
-            that finds such a task subscribes again, in case the subscription died without its
-            connection knowing. Each look executes four commands on the server (the claim script,
-            ``TIME`` and the two heads), five when it carries the worker's registration, so an idle
-            worker costs about ``5 / max_wait`` commands a second. It also sets how often a worker
-            held back by a rate limit looks at the limit again, and how often each shard of a
-            sharded queue is looked at while nothing is known to be due there.
+        max_wait: cap on any idle wait (15 s, at least 0.1 s): how often an idle worker
+            looks at the queue anyway, in case a wake-up was lost without its connection
+            dropping; the bound on how late such a loss makes a task. An idle worker costs
+            about ``5 / max_wait`` commands a second (docs/architecture.md, "The worker's loops").
+            It also paces looks at a rate limit and at the shards nothing is known due on.
         client: an existing ``redis.asyncio`` client (made with ``decode_responses=False``)
             for the worker's loops, instead of one it makes from the queue's URL; the worker
             does not close it.
         configure_notifications: with ``on_expire`` callbacks, add the ``E`` and ``x``
             flags to the server's ``notify-keyspace-events`` when they are missing (default);
             ``False`` only checks them (docs/expiring.md).
-        freeze_gc: once start-up is done, collect garbage and move what is left into the
-            garbage collector's permanent generation (``gc.freeze()``, the first time any
-            worker in the process serves), so the collector's full passes no longer walk
-            the modules and the app and hold the loop for milliseconds while tasks fall due
-            (``delayq/worker/collector.py``). ``False`` leaves the collector alone.
+        unknown_kind_grace: seconds (or a timedelta) a task of a kind this worker has no
+            handler for is handed back, its attempt not counted, before it is buried (1 h):
+            counted from when it fell due (docs/concepts.md, "A kind no worker handles").
+        weights: each queue's share of the claims (``{payments: 5, emails: 1}``; 1-1000, 1
+            when left out); a queue with tasks due is never starved (docs/priorities.md).
+        strict: claim the queues in order (by ``weights``, else as given), as Asynq's strict
+            priority: a busy first queue starves the others, by design.
+        freeze_gc: once start-up is done, ``gc.collect()`` then ``gc.freeze()`` (the first
+            time any worker in the process serves), so the collector's full passes no longer
+            hold the loop for milliseconds while tasks fall due (``worker/collector.py``).
     """
 
     def __init__(
@@ -108,21 +104,23 @@ class Worker:
         grace: float | timedelta = 30,
         lookahead: float = 0.02,
         max_wait: float = 15.0,
+        unknown_kind_grace: float | timedelta = 3600,
         client: Any = None,
         configure_notifications: bool = True,
         freeze_gc: bool = True,
+        weights: Mapping[QueueLike | str, int] | None = None,
+        strict: bool = False,
     ) -> None:
         self.queues = checked_queues(queue)
         self.queue = self.queues[0]  # the first: the only one, usually
         self.core = self.queue.core
-        self.concurrency = checked_concurrency(concurrency)
-        self.lease_s = checked_lease(lease)
+        self.concurrency = opt.checked_concurrency(concurrency)
+        self.lease_s = opt.checked_lease(lease)
         self.grace_s = config_seconds(grace, "grace")
         self.lookahead_s = config_seconds(lookahead, "lookahead")
-        self.max_wait_s = config_seconds(
-            max_wait, "max_wait", 0.1, " (an idle worker looks at the queue this often)"
-        )
-        self._client_arg = checked_client(client)
+        self.max_wait_s = config_seconds(max_wait, "max_wait", 0.1, " (the idle look's pace)")
+        self.unknown_kind_grace_s = config_seconds(unknown_kind_grace, "unknown_kind_grace")
+        self._client_arg = opt.checked_client(client)
         self.freeze_gc = check.flag(freeze_gc, "freeze_gc")
         self._configure = check.flag(configure_notifications, "configure_notifications")
         # One lane per queue: its registry (the lanes share the on_dead hooks), start-up
@@ -130,6 +128,8 @@ class Worker:
         self.lanes = tuple(Lane(q, i) for i, q in enumerate(self.queues))
         for lane in self.lanes[1:]:
             lane.registry.on_dead = self.lanes[0].registry.on_dead
+        self.weighted = set_weights(self.lanes, weights)
+        self.strict = check.flag(strict, "strict")
         self.clock = ServerClock()
         self.events = Events()
         # Runs the background loops; one that keeps failing stops the worker (WorkerFailed).
@@ -139,6 +139,7 @@ class Worker:
         self._started_at = time.time()
         self._stop_requested = threading.Event()
         self.engine: Engine | None = None  # the serving one (the last, once it has served)
+        self.health = Health(self.max_wait_s)  # what /livez and /readyz answer (health.py)
 
     # -- registration ---------------------------------------------------------------------
 
@@ -184,11 +185,9 @@ class Worker:
         """Register the decorated function (sync or async) as the handler of ``kind``.
 
         Args:
-            kind: the kind of task it runs (``queue.schedule(kind, ...)``), or a
-                :class:`~delayq.TaskType`: the handler is given ``task.payload`` as a value
-                of its payload type, and a payload that does not match the type is dead,
-                with the reason, before the handler runs. The TaskType's options are the
-                defaults of those below.
+            kind: the kind of task it runs, or a :class:`~delayq.TaskType`: its payload
+                type's value is ``task.payload`` (one that does not match is dead, unrun), and
+                its options are the defaults of those below.
             max_attempts: after this many failed attempts a task is dead (default 5;
                 ``schedule(..., max_attempts=N)`` wins for one task).
             backoff: the wait before each retry: a list of seconds (the last repeats) or a
@@ -197,25 +196,14 @@ class Worker:
             timeout: seconds (or a ``timedelta``) a run may take before it fails with
                 ``TimeoutError`` (default: no limit).
             concurrency: at most this many tasks of ``kind`` held by this worker at once
-                (running, or claimed and waiting to start); the rest stay scheduled, for
-                other workers (default: only the worker's ``concurrency`` bounds them).
+                (running or claimed); the rest stay scheduled, for other workers.
             queue: the worker's queue (or its name) whose tasks of ``kind`` it runs; by
                 default every queue of the worker's (the only one, usually).
         """
         lanes = self.lanes if queue is None else (lane_of(self.lanes, queue),)
         given = {"max_attempts": max_attempts, "timeout": timeout, "backoff": backoff}
         given["jitter"] = jitter
-        options: dict[str, Any] = {"max_attempts": DEFAULT_MAX_ATTEMPTS}
-        if isinstance(kind, TaskType):
-            options.update(kind.options)  # its defaults, under the decorator's own
-            options["load"], options["refused"] = kind.load, kind.reason
-            kind = kind.kind
-        options.update((k, v) for k, v in given.items() if v is not None)
-        if concurrency is not None:
-            options["concurrency"] = controls.checked_concurrency(
-                kind, concurrency, self.concurrency
-            )
-        name = kind
+        name, options = handler_options(kind, given, concurrency, self.concurrency)
 
         def register(fn: HandlerFn) -> HandlerFn:
             add_handler(self.lanes, lanes, make_handler(name, fn, **options))
@@ -230,11 +218,9 @@ class Worker:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         queue: QueueLike | str | None = None,
     ) -> Callable[[ExpireFn], ExpireFn]:
-        """Call the decorated function (sync or async) with an :class:`Expired` when a key
-        matching ``pattern`` (``*``, ``?``, ``[...]`` as in Redis) expires; keys set with
-        ``queue.expiring.set`` are guaranteed, others best-effort. Outcomes follow the
-        handler rules: raise to retry, ``Fail`` for the dead set. A worker of several queues
-        watches the keys of one of them: name it with ``queue=``."""
+        """Call the decorated function with an :class:`Expired` when a key matching
+        ``pattern`` (as in Redis) expires: keys set with ``queue.expiring.set`` surely,
+        others best-effort; raise to retry, ``Fail`` for the dead set. (``queue=``: which.)"""
         from delayq.worker.features import expiring
 
         lane = one_lane(self.lanes, queue, "on_expire")
@@ -248,8 +234,7 @@ class Worker:
 
     @property
     def expiry(self) -> ExpiryWatcher:
-        """The expiry callbacks (:meth:`on_expire`) and, serving, their bell; without any, an
-        empty watcher."""
+        """The :meth:`on_expire` callbacks and, serving, their bell (or an empty watcher)."""
         from delayq.worker.features.expiring import watcher_of
 
         return watcher_of(self.lanes, self._configure)
@@ -274,47 +259,39 @@ class Worker:
 
     @property
     def schedules(self) -> Schedules:
-        """The periodic schedules declared with :meth:`cron` and :meth:`every` (on the first
-        queue; :meth:`schedules_of` for another)."""
+        """The :meth:`cron` and :meth:`every` schedules of the first queue (see schedules_of)."""
         return self.schedules_of(self.queue)
 
     def schedules_of(self, queue: QueueLike | str | None, what: str = "cron") -> Schedules:
-        """The periodic schedules kept on one of the worker's queues (``None``: the only
-        one)."""
+        """The periodic schedules kept on one of the worker's queues (``None``: the only)."""
         from delayq.worker.features.cron import Schedules  # (croniter: loaded when used)
 
         lane = one_lane(self.lanes, queue, what)
         return lane.extension(Schedules) or lane.add(Schedules())
 
     def middleware(self, fn: Middleware) -> Middleware:
-        """Register ``async def fn(task, call_next)`` around every handler invocation: a
-        task's handler, a cron occurrence's function, an expiring key's callback (the
-        middleware sees the :class:`Task`; the callback still gets its ``Expired``).
-        ``return await call_next(task)`` runs the rest of the chain and the handler; each
-        call runs them again (twice: the handler runs twice in the attempt).
-
-        Several compose in registration order, the first outermost, inside the process-wide
-        ``delayq.hooks.middleware``. A sync handler's middleware runs on the event loop around
-        its thread call. An exception from a middleware is taken as the handler's would be
-        (``Retry``, ``Discard``, ``Fail``, ``Defer``, or an error). The chain is built when
-        the worker starts serving: register before that. See docs/observability.md."""
+        """Register ``async def fn(task, call_next)`` around every handler invocation (a
+        task's handler, a cron occurrence's, an expiring key's callback, which still gets its
+        ``Expired``); ``return await call_next(task)`` runs the rest of the chain and the
+        handler. Several compose in registration order, the first outermost, inside the
+        process-wide ``delayq.hooks.middleware``; a sync handler's runs on the loop around
+        its thread call. A middleware's exception is taken as the handler's would be.
+        Register before the worker serves. See docs/observability.md."""
         self._middleware.append(hooks.check_middleware(fn))
         return fn
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(TaskEvent)`` for every attempt's start and outcome (metrics, logs)."""
-        self.events.listeners.append(
-            checked_hook(listener, "add_listener(listener)", "a TaskEvent")
-        )
+        hook = opt.checked_hook(listener, "add_listener(listener)", "a TaskEvent")
+        self.events.listeners.append(hook)
 
     def on_startup(
         self, fn: Callable[[Worker], Awaitable[None]]
     ) -> Callable[[Worker], Awaitable[None]]:
         """Run ``await fn(worker)`` once serving has begun, before the first claim (extensions
         use it to make sure their tasks exist)."""
-        self.lanes[0].startup.append(
-            WorkerHook(checked_hook(fn, "on_startup(fn)", "async, the worker"), self)
-        )
+        hook = opt.checked_hook(fn, "on_startup(fn)", "async, the worker")
+        self.lanes[0].startup.append(WorkerHook(hook, self))
         return fn
 
     @property
@@ -324,42 +301,37 @@ class Worker:
 
     def on_dead(self, fn: HandlerFn) -> HandlerFn:
         """Register ``fn(task_id, reason, task)`` to be called whenever a task goes dead."""
-        self.lanes[0].registry.on_dead.append(
-            checked_hook(fn, "on_dead(fn)", "task_id, reason, task")
-        )
+        hook = opt.checked_hook(fn, "on_dead(fn)", "task_id, reason, task")
+        self.lanes[0].registry.on_dead.append(hook)
         return fn
 
     def registration(self, lane: int = 0) -> str:
         """What this worker publishes about itself on every claim and heartbeat (on the
         queue of ``lane``: its kinds are that queue's)."""
-        return json.dumps(
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "concurrency": self.concurrency,
-                "in_flight": self.engine.runs.busy if self.engine is not None else 0,
-                "kinds": self.lanes[lane].registry.kinds(),
-                "started": round(self._started_at, 3),
-                # Registrations arrive at least this often; three missed ones mean dead.
-                "beat": round(max(REGISTER_EVERY_S, self.max_wait_s, self.lease_s / 3), 3),
-            },
-            separators=(",", ":"),
-        )
+        in_flight = self.engine.runs.busy if self.engine is not None else 0
+        beat = max(self.max_wait_s, self.lease_s / 3)
+        kinds = self.lanes[lane].registry.kinds()
+        return registration_text(self.concurrency, in_flight, kinds, self._started_at, beat)
 
     def configure(
-        self, *, concurrency: int | None = None, lease: float | timedelta | None = None
+        self,
+        *,
+        concurrency: int | None = None,
+        lease: float | timedelta | None = None,
+        unknown_kind_grace: float | timedelta | None = None,
     ) -> None:
-        """Change ``concurrency`` or ``lease`` (checked as in the constructor) before the
-        worker serves; ``delayq worker --concurrency/--lease`` override the app's this way."""
+        """Change ``concurrency``, ``lease`` or ``unknown_kind_grace`` (checked as in the
+        constructor) before the worker serves; ``delayq worker --concurrency/--lease/
+        --unknown-kind-grace`` override the app's this way."""
         if self.engine is not None:
             raise ConfigurationError("configure() a worker before it serves, not while")
         # Everything is checked before anything changes: a refusal leaves the worker as it was.
-        most = self.concurrency if concurrency is None else checked_concurrency(concurrency)
-        for lane in self.lanes:
-            for kind, cap in lane.registry.caps().items():
-                controls.checked_concurrency(kind, cap, most)
-        lease_s = self.lease_s if lease is None else checked_lease(lease)
-        self.concurrency, self.lease_s = most, lease_s
+        caps = [cap for lane in self.lanes for cap in lane.registry.caps().items()]
+        self.concurrency, self.lease_s, self.unknown_kind_grace_s = opt.configured(
+            (self.concurrency, self.lease_s, self.unknown_kind_grace_s),
+            (concurrency, lease, unknown_kind_grace),
+            caps,
+        )
 
     # -- serving: the engine's ----------------------------------------------------------
 
@@ -418,10 +390,8 @@ class Worker:
     def context(
         self, runner: AsyncRunner, threads: HandlerThreads, stopping: asyncio.Event
     ) -> WorkerContext:
-        """The runtime this worker's parts share while serving (see ``WorkerContext``), on
-        ``runner``'s connection, with its extensions attached: the first queue's (see
-        :meth:`contexts`). ``serve()`` builds them; ``delayq.testing.drain`` builds its own,
-        with handler calls made inline."""
+        """The first queue's of :meth:`contexts` (``delayq.testing.drain`` builds its own,
+        with handler calls made inline)."""
         return self.contexts(runner, threads, stopping)[0]
 
     def contexts(

@@ -88,6 +88,20 @@ def test_a_task_that_could_never_be_scheduled_fails_the_call_inside_the_transact
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outbox", [False, True])
+@pytest.mark.parametrize("empty", ["", 0, False])
+def test_an_empty_task_id_is_refused_as_queue_schedule_refuses_it(empty: Any, outbox: bool) -> None:
+    with pytest.raises(InvalidTaskError, match=r"task_id must be a non-empty string"):
+        dq.queue().schedule("note.add", None, task_id=empty)
+    with (
+        pytest.raises(InvalidTaskError, match=r"task_id must be a non-empty string"),
+        transaction.atomic(),
+    ):
+        dq.schedule_on_commit(None, "note.add", None, task_id=empty, outbox=outbox)
+    assert dq.queue().stats().scheduled == 0
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_payload_is_scheduled_as_it_was_at_the_call() -> None:
     payload: dict[str, Any] = {"text": "before"}
     with transaction.atomic():

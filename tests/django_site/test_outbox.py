@@ -19,11 +19,12 @@ from test_worker import wait_for
 
 import delayq.contrib.django as dq
 from delayq import ConfigurationError
+from delayq.contrib.django import outbox
 from delayq.contrib.django.models import OutboxTask
 from delayq.contrib.django.outbox import relay
 
 SITE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 
 def test_the_task_is_a_row_until_the_commit_then_in_redis() -> None:
@@ -71,6 +72,99 @@ def test_a_row_relayed_twice_is_scheduled_once() -> None:
     info = dq.queue().get("twice")
     assert info is not None and info.payload == {"text": "first"}  # unchanged
     assert list(OutboxTask.objects.values_list("pk", flat=True)) == ["gone"]  # not configured
+
+
+def test_a_row_written_in_another_database_is_relayed_from_there(settings: Any) -> None:
+    up = settings.DELAYQ
+    settings.DELAYQ = {**up, "URL": "redis://127.0.0.1:9/0"}  # the commit's send fails
+    with transaction.atomic(using="other"):
+        dq.schedule_on_commit(
+            None, "note.add", {"text": "o"}, task_id="in-other", outbox=True, using="other"
+        )
+    settings.DELAYQ = up
+    assert OutboxTask.objects.using("other").filter(pk="in-other").exists()
+    assert relay(min_age=0) == 1  # the worker's relay: every database's outbox
+    assert outbox.databases() == ["default", "other"]  # each has the table
+    info = dq.queue().get("in-other")
+    assert info is not None and info.payload == {"text": "o"}
+    assert not OutboxTask.objects.using("other").exists()
+
+
+def test_the_same_task_id_again_keeps_the_first_row_as_schedule_keeps_the_first_task(
+    settings: Any,
+) -> None:
+    with transaction.atomic():
+        Note.objects.create(text="kept")
+        dq.schedule_on_commit(None, "note.add", {"text": "first"}, task_id="dup", outbox=True)
+        dq.schedule_on_commit(None, "note.add", {"text": "second"}, task_id="dup", outbox=True)
+        assert OutboxTask.objects.get().payload == {"text": "first"}
+    assert Note.objects.count() == 1  # the transaction was not aborted
+    info = dq.queue().get("dup")
+    assert info is not None and info.payload == {"text": "first"}
+    assert not OutboxTask.objects.exists()
+    # A row still waiting for the relay (Redis down at its commit) is kept too.
+    up = settings.DELAYQ
+    settings.DELAYQ = {**up, "URL": "redis://127.0.0.1:9/0"}
+    with transaction.atomic():
+        dq.schedule_on_commit(None, "note.add", {"text": "a"}, task_id="waits", outbox=True)
+    settings.DELAYQ = up
+    with transaction.atomic():
+        Note.objects.create(text="also kept")
+        dq.schedule_on_commit(None, "note.add", {"text": "b"}, task_id="waits", outbox=True)
+    assert Note.objects.count() == 2
+    info = dq.queue().get("waits")
+    assert info is not None and info.payload == {"text": "a"}
+    assert relay(min_age=0) == 0 and not OutboxTask.objects.exists()
+
+
+# With USE_TZ = False (site_settings_notz), on SQLite and PostgreSQL: a delay, the relay,
+# and the due time.
+NAIVE = """
+import time
+from datetime import UTC, datetime
+from django.db import transaction
+import delayq.contrib.django as dq
+from delayq.contrib.django.models import OutboxTask
+from delayq.contrib.django.outbox import relay
+before = time.time()
+with transaction.atomic():
+    sent = dq.schedule_on_commit(None, "note.add", {"text": "n"}, delay=60, outbox=True)
+info = dq.queue().get(sent)
+assert info is not None and 59.9 < info.due_at.timestamp() - before < 61, info
+OutboxTask.objects.create(task_id="left", queue="default", kind="note.add", due_at=None)
+with transaction.atomic():  # Redis down at the commit: the row waits, due in 60 s
+    OutboxTask.objects.create(
+        task_id="later", queue="default", kind="note.add",
+        due_at=datetime.fromtimestamp(before + 60, UTC).replace(tzinfo=None),  # naive UTC
+    )
+time.sleep(0.1)
+assert relay(min_age=0) == 2, "relay"
+later = dq.queue().get("later")
+assert later is not None and 59.9 < later.due_at.timestamp() - before < 61, later
+"""
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_the_outbox_works_with_use_tz_false(delayq_url: str, tmp_path: Path, db: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(DJANGO_SETTINGS_MODULE="site_settings_notz", DELAYQ_REDIS_URL=delayq_url)
+    steps = [["shell", "-c", NAIVE]]
+    if db == "sqlite":
+        env["SITE_SQLITE"] = str(tmp_path / "notz.sqlite3")
+        steps.insert(0, ["migrate", "-v", "0"])
+    else:  # this test's database, migrated
+        env["SITE_DATABASE"] = connection.settings_dict["NAME"]
+    for args in steps:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=SITE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert dq.queue().get("left") is not None and dq.queue().get("later") is not None
 
 
 def test_the_outbox_must_be_switched_on(settings: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from delayq import Worker
 from delayq.cli.main import main
-from delayq.timing import parse_duration
+from delayq.worker.health import STALE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -114,18 +114,72 @@ def test_compose_runs_valkey_with_aof_and_noeviction() -> None:
     assert worker["environment"]["DELAYQ_REDIS_URL"].startswith("redis://valkey:")
 
 
-def test_kubernetes_gives_more_than_grace_and_probes_with_check() -> None:
-    (doc,) = yaml_docs(DEPLOY / "kubernetes" / "worker.yaml")
-    assert doc["kind"] == "Deployment"
+def kubernetes() -> dict[str, Any]:
+    """The manifest's documents by kind."""
+    docs = yaml_docs(DEPLOY / "kubernetes" / "worker.yaml")
+    return {d["kind"]: d for d in docs}
+
+
+def test_kubernetes_gives_more_than_grace_and_probes_the_metrics_port() -> None:
+    k8s = kubernetes()
+    doc = k8s["Deployment"]
     pod = doc["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > GRACE + 10
     (container,) = pod["containers"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        command = container[probe]["exec"]["command"]
-        assert command[:2] == ["delayq", "check"], probe
-        # check parses --max-overdue when it runs, not when click reads it: parse it here.
-        assert parse_duration(command[command.index("--max-overdue") + 1]) > 0
-        assert container[probe]["timeoutSeconds"] >= 5  # an interpreter starts each time
+    command = container["command"]
+    port = int(command[command.index("--metrics-port") + 1])
+    assert command[command.index("--metrics-host") + 1] == "0.0.0.0"  # the kubelet reaches it
+    (named,) = container["ports"]
+    assert named["containerPort"] == port
+    # The worker's own probes, not `delayq check` on the queue: a backlog fails neither.
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        assert "exec" not in container[probe], probe
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["port"] in (port, named["name"])
+    # Liveness gives a stuck loop more than the pulse's staleness bound before a restart.
+    live = container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= STALE_S
+
+
+def test_kubernetes_runs_unprivileged_on_a_read_only_root_with_a_disruption_budget() -> None:
+    k8s = kubernetes()
+    pod = k8s["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # A numeric user, as runAsNonRoot needs to verify it: the Dockerfile's.
+    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text()
+    assert f"--uid {pod['securityContext']['runAsUser']} app" in dockerfile
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    # --processes keeps its children's metrics and pulses under /tmp: writable.
+    (mount,) = container["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    assert {v["name"]: v for v in pod["volumes"]}[mount["name"]] == {
+        "name": mount["name"],
+        "emptyDir": {},
+    }
+    pdb = k8s["PodDisruptionBudget"]
+    assert pdb["apiVersion"] == "policy/v1"
+    labels = k8s["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"] == labels
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_compose_checks_the_workers_readyz() -> None:
+    (doc,) = yaml_docs(DEPLOY / "docker" / "compose.yaml")
+    test = doc["services"]["worker"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    cmd = next(
+        ln
+        for ln in (DEPLOY / "docker" / "Dockerfile").read_text().splitlines()
+        if ln.startswith("CMD ")
+    )
+    argv = _json_list(cmd[4:])
+    port = argv[argv.index("--metrics-port") + 1]
+    assert f"http://127.0.0.1:{port}/readyz" in test[3]
+    assert "delayq" not in test  # not `delayq check`: that is for alerting
 
 
 def test_systemd_unit_restarts_on_failure_and_stops_after_grace() -> None:
@@ -166,11 +220,9 @@ def delayq_commands() -> list[tuple[str, list[str]]]:
             test = svc.get("healthcheck", {}).get("test")
             if test and test[0] == "CMD":
                 add(f"compose {name} healthcheck", test[1:])
-        (k8s,) = yaml_docs(DEPLOY / "kubernetes" / "worker.yaml")
+        k8s = kubernetes()["Deployment"]
         for c in k8s["spec"]["template"]["spec"]["containers"]:
             add("kubernetes command", c["command"])
-            for probe in ("readinessProbe", "livenessProbe"):
-                add(f"kubernetes {probe}", c[probe]["exec"]["command"])
     # Commands shown in the page's own text and shell blocks.
     text = PAGE.read_text()
     for m in re.finditer(r"`(delayq [^`]+)`", text):
@@ -182,7 +234,7 @@ def test_the_files_run_delayq_commands() -> None:
     wheres = {w for w, _ in delayq_commands()}
     assert {"systemd ExecStart", "Dockerfile CMD"} <= wheres
     if _has_yaml():
-        assert {"kubernetes readinessProbe", "kubernetes livenessProbe"} <= wheres
+        assert "kubernetes command" in wheres
 
 
 @pytest.mark.parametrize("where,argv", delayq_commands(), ids=lambda v: str(v))

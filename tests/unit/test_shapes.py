@@ -3,7 +3,9 @@ and what it refuses, with the field named; the types refused when a TaskType is 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -188,3 +190,160 @@ def test_a_type_outside_the_set_is_refused_when_the_task_type_is_made(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         TaskType("k", tp)
+
+
+# -- two types of one name (billing.Item, shop.Item) ---------------------------------------
+
+
+class billing:  # a module's stand-in: its Item is billing.Item
+    @dataclass
+    class Item:
+        amount_cents: int
+
+
+class shop:
+    @dataclass
+    class Item:
+        sku: str
+        charge: billing.Item
+
+
+@dataclass
+class Order:  # not recursive: shop.Item holds a billing.Item, another type of one name
+    item: shop.Item
+    refund: billing.Item | None = None
+
+
+def test_two_types_of_one_name_are_two_types_not_a_recursion() -> None:
+    order = TaskType("order", Order)  # was refused: "Item contains itself"
+    value = Order(shop.Item("a", billing.Item(5)), billing.Item(2))
+    plain = {"item": {"sku": "a", "charge": {"amount_cents": 5}}, "refund": {"amount_cents": 2}}
+    assert order.dump(value) == plain
+    assert order.load(plain) == value
+    with pytest.raises(ShapeError, match=r"item\.charge\.amount_cents: required field missing"):
+        order.load({"item": {"sku": "a", "charge": {"sku": "b"}}})
+
+
+def test_two_types_of_one_name_have_a_json_schema_each() -> None:
+    schema = TaskType("order", Order).json_schema()
+    module = Order.__module__.replace("<", "_").replace(">", "_")
+    shop_item, billing_item = f"{module}.shop.Item", f"{module}.billing.Item"
+    assert list(schema["$defs"]) == ["Order", shop_item, billing_item]  # in the order met
+    assert schema["$defs"]["Order"]["properties"] == {
+        "item": {"$ref": f"#/$defs/{shop_item}"},
+        "refund": {"anyOf": [{"$ref": f"#/$defs/{billing_item}"}, {"type": "null"}]},
+    }
+    assert schema["$defs"][shop_item]["properties"] == {
+        "sku": {"type": "string"},
+        "charge": {"$ref": f"#/$defs/{billing_item}"},
+    }
+    assert schema["$defs"][billing_item]["properties"] == {"amount_cents": {"type": "integer"}}
+    assert schema["$defs"][billing_item]["title"] == "Item"
+    assert TaskType("order", Order).json_schema() == schema  # made the same way each time
+
+
+# make_dataclass gives each the caller's module and the qualified name "Item": numbered.
+ItemA = dataclasses.make_dataclass("Item", [("amount_cents", int)])
+ItemB = dataclasses.make_dataclass("Item", [("sku", str)])
+Pair = dataclasses.make_dataclass("Pair", [("a", ItemA), ("b", ItemB), ("c", ItemA)])
+
+
+def test_types_of_one_qualified_name_are_numbered_in_the_order_met() -> None:
+    pair = TaskType("pair", Pair)
+    schema = pair.json_schema()
+    first = f"{ItemA.__module__}.Item"
+    assert list(schema["$defs"]) == ["Pair", first, f"{first}-2"]
+    assert schema["$defs"]["Pair"]["properties"] == {
+        "a": {"$ref": f"#/$defs/{first}"},
+        "b": {"$ref": f"#/$defs/{first}-2"},
+        "c": {"$ref": f"#/$defs/{first}"},
+    }
+    assert schema["$defs"][f"{first}-2"]["properties"] == {"sku": {"type": "string"}}
+    value = Pair(ItemA(1), ItemB("x"), ItemA(2))
+    assert pair.load(pair.dump(value)) == value
+
+
+def test_a_type_named_as_none_other_keeps_its_plain_name() -> None:
+    assert list(TaskType("every", Every).json_schema()["$defs"]) == ["Every", "Item"]
+
+
+# -- values of a subclass mypy accepts for a field's type ----------------------------------
+
+
+class Channel(enum.StrEnum):
+    EMAIL = "email"
+
+
+class Safe(str):
+    """Like Django's SafeString: a str subclass whose str() is itself."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return self
+
+
+class Stamp(datetime):
+    """Like freezegun's FakeDatetime or pendulum's DateTime."""
+
+
+class Day(date):
+    pass
+
+
+@dataclass
+class Notify:
+    channel: str
+    body: str
+    count: int
+    weight: float
+    level: int
+    at: datetime
+    day: date
+    by_channel: dict[str, int]
+    tags: list[str]
+
+
+def test_a_str_or_int_subclass_is_written_as_its_plain_value() -> None:
+    notify = TaskType("notify", Notify)
+    value = Notify(
+        Channel.EMAIL,
+        Safe("<b>hi</b>"),
+        Level.HIGH,
+        Level.LOW,
+        Level.HIGH,
+        Stamp(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        Day(2026, 1, 2),
+        {Channel.EMAIL: Level.LOW},
+        [Safe("a"), Channel.EMAIL],
+    )
+    plain = notify.dump(value)
+    assert plain == {
+        "channel": "email",
+        "body": "<b>hi</b>",
+        "count": 2,
+        "weight": 1,
+        "level": 2,
+        "at": "2026-01-02T03:04:05+00:00",
+        "day": "2026-01-02",
+        "by_channel": {"email": 1},
+        "tags": ["a", "email"],
+    }
+    exact = {str, int, float, dict, list}  # plain values: what json.dumps of the dict writes
+    assert {type(v) for v in plain.values()} <= exact
+    assert {type(v) for v in [*plain["by_channel"], *plain["by_channel"].values()]} == {str, int}
+    assert {type(v) for v in plain["tags"]} == {str}
+    assert json.dumps(plain) == json.dumps({**vars(value), "at": plain["at"], "day": plain["day"]})
+
+
+def test_bool_is_still_refused_for_an_int_or_a_float_and_a_datetime_for_a_date() -> None:
+    notify = TaskType("notify", Notify)
+    good = Notify("e", "b", 1, 1.5, 1, datetime.now(UTC), date.today(), {}, [])
+    for change, message in [
+        ({"count": True}, "count: expected an integer, got bool True"),
+        ({"weight": False}, "weight: expected a number, got bool False"),
+        ({"day": datetime(2026, 1, 2)}, "day: expected an ISO 8601 date"),
+        ({"by_channel": {1: 1}}, r"by_channel: expected an object with string keys"),
+    ]:
+        with pytest.raises(InvalidTaskError, match=message):
+            notify.dump(Notify(**{**vars(good), **change}))

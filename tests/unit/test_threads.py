@@ -22,9 +22,9 @@ async def test_busy_counts_the_handlers_still_running_while_others_deliver_resul
     threads = HandlerThreads(2, asyncio.get_running_loop(), "test-threads")
     release = threading.Event()
     try:
-        stuck = threads.submit(lambda _: release.wait(10), None)
+        stuck = threads.submit(lambda _: release.wait(10), None).fut
         await _until(lambda: threads.busy == 1)
-        assert await threads.submit(lambda x: x + 1, 1) == 2
+        assert await threads.submit(lambda x: x + 1, 1).fut == 2
         assert threads.busy == 1
         release.set()
         assert await stuck is True

@@ -11,6 +11,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from delayq.contrib.django import conf, declare
+from delayq.errors import ConfigurationError
 from delayq.queue import Queue
 from delayq.worker.worker import Worker
 
@@ -24,9 +25,16 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     out: list[checks.CheckMessage] = []
     try:
         config = conf.read()
-        names = list(config.queues)
-        queues = [Queue(n, url=UNREACHABLE, **_offline(config.queues[n].options)) for n in names]
-        worker = Worker(queues[0] if len(queues) == 1 else queues, **config.worker)
+        queues = []
+        for name, queue in config.queues.items():
+            try:
+                queues.append(Queue(name, url=UNREACHABLE, **_offline(queue.options)))
+            except ConfigurationError as e:
+                raise conf.refused(f"DELAYQ['QUEUES'][{name!r}]", queue.options, e) from None
+        try:
+            worker = Worker(queues[0] if len(queues) == 1 else queues, **config.worker)
+        except ConfigurationError as e:
+            raise conf.refused("DELAYQ['WORKER']", config.worker, e) from None
         for declaration in declare.discover():
             if declaration.queue is not None:
                 config.queue(declaration.queue)

@@ -114,7 +114,9 @@ def schedule_on_commit(
             f"schedule_on_commit() got unknown option(s) {', '.join(unknown)} "
             f"(it takes {', '.join(sorted(OPTIONS))}, using, robust and outbox)"
         )
-    task_id = options.get("task_id") or new_task_id()
+    task_id = options.get("task_id")
+    if task_id is None:  # "", 0, False: refused below, as Queue.schedule refuses them
+        task_id = new_task_id()
     if isinstance(kind, TaskType):  # from here on, its plain kind and JSON value
         kind, payload = kind.kind, kind.dump(payload)
     CheckedSpec(

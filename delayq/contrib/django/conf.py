@@ -24,6 +24,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from delayq.connection import resolve_url
+from delayq.errors import ConfigurationError
+
 SETTING = "DELAYQ"
 DEFAULT_QUEUE = "default"
 # Queue(...) options a queue's entry may give; "URL" is the queue's own server.
@@ -58,6 +61,7 @@ class QueueConfig:
 class Config:
     queues: dict[str, QueueConfig]
     tasks_module: str = "tasks"
+    tasks_module_given: bool = False  # set in the setting (so one found nowhere is a typo)
     worker: dict[str, Any] = field(default_factory=dict)
     eager: bool = False
     dashboard_url: str | None = None
@@ -100,6 +104,27 @@ def _optional_str(value: Any, where: str) -> str | None:
     return value
 
 
+def _url(value: Any, where: str) -> str | None:
+    """A Redis URL of the setting, its scheme and form checked (nothing is connected)."""
+    url = _optional_str(value, where)
+    if url is not None:
+        try:
+            resolve_url(url)
+        except ConfigurationError as e:
+            raise ImproperlyConfigured(f"settings.{where}: {e}") from None
+    return url
+
+
+def refused(where: str, options: Mapping[str, Any], error: Exception) -> ImproperlyConfigured:
+    """``error``, raised by ``Queue(...)`` or ``Worker(...)`` for the options of
+    ``settings.<where>``, as the ImproperlyConfigured naming the option's key (its message
+    begins with the option's name) or else the entry."""
+    text = str(error)
+    key = next((k for k in options if text.startswith(f"{k} ")), None)
+    here = f"settings.{where}" if key is None else f"settings.{where}[{key!r}]"
+    return ImproperlyConfigured(f"{here}: {text}")
+
+
 def _queues(raw: Any, url: str | None) -> dict[str, QueueConfig]:
     where = f"{SETTING}['QUEUES']"
     queues = _mapping(raw, where)
@@ -114,7 +139,7 @@ def _queues(raw: Any, url: str | None) -> dict[str, QueueConfig]:
             raise ImproperlyConfigured(f"settings.{where} has a queue name {name!r}: use a string")
         options = dict(_mapping(options, here))
         _unknown(options, QUEUE_OPTIONS, here)
-        own_url = _optional_str(options.pop("URL", None), f"{here}['URL']")
+        own_url = _url(options.pop("URL", None), f"{here}['URL']")
         out[name] = QueueConfig(name, own_url or url, options)
     return out
 
@@ -123,7 +148,7 @@ def read() -> Config:
     """``settings.DELAYQ``, checked (absent: one queue, ``default``, on the default URL)."""
     raw = _mapping(getattr(settings, SETTING, {}), SETTING)
     _unknown(raw, KEYS, SETTING)
-    url = _optional_str(raw.get("URL"), f"{SETTING}['URL']")
+    url = _url(raw.get("URL"), f"{SETTING}['URL']")
     module = raw.get("TASKS_MODULE", "tasks")
     if not isinstance(module, str) or not module.replace(".", "").replace("_", "").isalnum():
         raise ImproperlyConfigured(
@@ -144,6 +169,7 @@ def read() -> Config:
     return Config(
         queues=_queues(raw.get("QUEUES", {DEFAULT_QUEUE: {}}), url),
         tasks_module=module,
+        tasks_module_given="TASKS_MODULE" in raw,
         worker=worker,
         eager=eager,
         dashboard_url=_optional_str(raw.get("DASHBOARD_URL"), f"{SETTING}['DASHBOARD_URL']"),

@@ -3,11 +3,14 @@
 ``@handler("order.close", queue="orders", max_attempts=3)`` (and ``cron``, ``every``,
 ``on_expire``) takes the arguments of the ``Worker`` method of the same name. It registers
 nothing anywhere: it records the declaration on the function itself and returns the
-function unchanged, so a ``tasks.py`` can be imported by a web process (or a test) without
-side effects. :func:`discover` imports ``<app>.<TASKS_MODULE>`` of every installed app and
-collects the declared functions it finds there, in ``INSTALLED_APPS`` order and in the
-order each module defines them; :func:`make_worker` builds a ``Worker`` of the configured
-queues and registers them on it, each wrapped by :func:`delayq.contrib.django.db.managed`.
+function unchanged (noting only which module declared it), so a ``tasks.py`` can be
+imported by a web process (or a test) without side effects. :func:`discover` imports
+``<app>.<TASKS_MODULE>`` of every installed app and collects the declared functions it finds
+there, in ``INSTALLED_APPS`` order and in the order each module defines them, then those
+declared in its submodules (a tasks *package* whose ``__init__`` imports them); a
+``TASKS_MODULE`` set in the setting that no installed app has is refused (a typo would
+otherwise find nothing). :func:`make_worker` builds a ``Worker`` of the configured queues
+and registers them on it, each wrapped by :func:`delayq.contrib.django.db.managed`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ T = TypeVar("T")  # what its handler returns
 Method = Literal["handler", "cron", "every", "on_expire"]
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 ATTR = "__delayq_declarations__"
+# module name -> the declarations of its functions, in the order they were made
+_BY_MODULE: dict[str, list[Declaration]] = {}
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,9 @@ def _declare(
                 f"at the top of a tasks module, got {fn!r}"
             )
         found: list[Declaration] = fn.__dict__.setdefault(ATTR, [])
-        found.append(Declaration(method, args, queue, fn, dict(options)))
+        declaration = Declaration(method, args, queue, fn, dict(options))
+        found.append(declaration)
+        _BY_MODULE.setdefault(fn.__module__, []).append(declaration)
         return fn
 
     return declare
@@ -119,20 +126,49 @@ def declarations_of(module: types.ModuleType) -> list[Declaration]:
     return out
 
 
+def declared_under(name: str) -> list[Declaration]:
+    """The declarations made by the module ``name`` and its submodules (those imported so
+    far), in the order they were made."""
+    return [
+        declaration
+        for module, found in list(_BY_MODULE.items())
+        if module == name or module.startswith(f"{name}.")
+        for declaration in found
+    ]
+
+
 def discover(module: str | None = None) -> list[Declaration]:
     """Import ``<app>.<module>`` (default: ``settings.DELAYQ["TASKS_MODULE"]``, ``tasks``)
-    of every installed app that has one, and return the declarations found there, each
-    once (a function imported into two tasks modules is declared once)."""
-    name = module or conf.read().tasks_module
+    of every installed app that has one, and return the declarations found there (the
+    functions it holds, then those its submodules declared), each once (a function imported
+    into two tasks modules is declared once).
+
+    Raises:
+        ImproperlyConfigured: ``module``, or a ``TASKS_MODULE`` the setting gives, is found
+            in no installed app.
+    """
+    config = conf.read()
+    name = module or config.tasks_module
     out: list[Declaration] = []
     seen: set[int] = set()
+    found_in = 0
     for app in apps.get_app_configs():
         if not module_has_submodule(app.module, name):
             continue
-        for declaration in declarations_of(importlib.import_module(f"{app.name}.{name}")):
+        found_in += 1
+        full = f"{app.name}.{name}"
+        tasks = importlib.import_module(full)
+        for declaration in [*declarations_of(tasks), *declared_under(full)]:
             if id(declaration) not in seen:
                 seen.add(id(declaration))
                 out.append(declaration)
+    if not found_in and (module is not None or config.tasks_module_given):
+        given = "settings.DELAYQ['TASKS_MODULE'] is" if module is None else "discover() got"
+        raise ImproperlyConfigured(
+            f"{given} {name!r}, and no installed app has a "
+            f"module {name!r} (<app>/{name.replace('.', '/')}.py or a package): correct the "
+            "name, or remove the key for the default, 'tasks'"
+        )
     return out
 
 
@@ -142,6 +178,7 @@ def make_worker(
     declarations: Sequence[Declaration] | None = None,
     wrap: Wrap = db.managed,
     relay: bool = False,
+    require: bool = False,
     **options: Any,
 ) -> Worker:
     """A ``Worker`` of the configured ``queues`` (default: all of them) with the discovered
@@ -150,21 +187,32 @@ def make_worker(
     what each function is registered as (``db.managed``: closed or checked connections).
     ``relay``: with ``DELAYQ["OUTBOX"]``, also relay the outbox every ``OUTBOX_EVERY``
     seconds (``manage.py delayq_worker`` does; a test calls ``outbox.relay()`` itself).
+    ``require``: refuse a worker given no declaration for its queues (``manage.py
+    delayq_worker`` does: it would claim and bury every task).
 
     Raises:
-        ImproperlyConfigured: an unknown queue, a bad ``WORKER`` option, or a declaration
-            the worker refuses (the message names the function).
+        ImproperlyConfigured: an unknown queue, a bad ``WORKER`` option, a declaration the
+            worker refuses (the message names the function), or none at all (``require``).
     """
     config = conf.read()
     names = list(queues) if queues else list(config.queues)
     for name in names:
         config.queue(name)  # an unknown name is refused by name
+    qs = [registry.queue(name) for name in names]
+    worker_options = {**config.worker, **options}
     try:
-        qs = [registry.queue(name) for name in names]
-        worker = Worker(qs[0] if len(qs) == 1 else qs, **{**config.worker, **options})
+        worker = Worker(qs[0] if len(qs) == 1 else qs, **worker_options)
     except ConfigurationError as e:
-        raise ImproperlyConfigured(f"settings.DELAYQ['WORKER'] or its queues: {e}") from None
+        raise conf.refused("DELAYQ['WORKER']", worker_options, e) from None
     found = list(discover() if declarations is None else declarations)
+    if require and not any(d.queue is None or d.queue in names for d in found):
+        raise ImproperlyConfigured(
+            f"no handler is declared for queue(s) {', '.join(map(repr, names))} in the "
+            f"installed apps' {config.tasks_module!r} modules (settings.DELAYQ"
+            "['TASKS_MODULE']): the worker would bury every task. Declare them with "
+            f"@delayq.contrib.django.handler in <app>/{config.tasks_module}.py, or set "
+            "DELAYQ['TASKS_MODULE'] to the module that declares them"
+        )
     if relay and config.outbox:
         from delayq.contrib.django import outbox  # its model needs the apps loaded
 

@@ -12,10 +12,17 @@ with the rows it is about; then relays it to Redis.
   schedules it again.
 - Every schedule of a row uses the row's task id: a task sent twice (by the callback and the
   relay, or by two relays) is scheduled once; the second call finds it and changes nothing.
+  So is its row written: a second call with the same ``task_id`` while the first row waits
+  (in the same transaction, or left for the relay) writes nothing (insert-or-ignore, which
+  does not abort the caller's transaction), and the first row is what is sent.
+- The relay reads every database of ``settings.DATABASES`` that has the ``delayq_outbox``
+  table (and that the routers let ``delayq`` migrate to), each in its own transaction: a task
+  written with ``using="other"`` is relayed from ``other``.
 
 The due time is fixed at the call: ``at``, or the queue's clock plus ``delay`` (this host's
 clock, or a test's ``VirtualClock``), so a task relayed late keeps it (and runs at once if it
-has passed).
+has passed). It is stored as a naive UTC datetime when ``USE_TZ`` is False (SQLite refuses
+aware ones then), and read back as UTC.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.conf import settings
+from django.db import DatabaseError, connections, router, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from delayq.contrib.django import conf
 from delayq.contrib.django.models import OutboxTask
@@ -83,17 +92,28 @@ def write(
         )
     if not isinstance(kind, str):
         raise ConfigurationError("schedule_on_commit(..., outbox=True) takes a kind by name")
-    row = OutboxTask(
-        task_id=task_id,
-        queue=queue.name,
-        kind=kind,
-        payload=payload,
-        due_at=_due(queue, options),
-        max_attempts=options.get("max_attempts", 0),
-        headers=options.get("headers"),
-    )
+    due = _due(queue, options)
+    if due is not None and not settings.USE_TZ:
+        due = timezone.make_naive(due, UTC)  # naive UTC: read back as UTC (_spec)
     alias = using or "default"
-    row.save(using=alias, force_insert=True)
+    rows = OutboxTask.objects.using(alias)
+    # Insert-or-ignore: a row of this id already waiting is kept, as Queue.schedule keeps a
+    # task of this id, without an IntegrityError (which would abort the transaction).
+    rows.bulk_create(
+        [
+            OutboxTask(
+                task_id=task_id,
+                queue=queue.name,
+                kind=kind,
+                payload=payload,
+                due_at=due,
+                max_attempts=options.get("max_attempts", 0),
+                headers=options.get("headers"),
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    row = rows.get(pk=task_id)  # ours, or the first one's
 
     def send() -> None:
         try:
@@ -110,10 +130,13 @@ def write(
 
 
 def _spec(row: OutboxTask) -> TaskSpec:
+    at = row.due_at
+    if at is not None and timezone.is_naive(at):  # USE_TZ = False: stored as naive UTC
+        at = at.replace(tzinfo=UTC)
     return TaskSpec(
         row.kind,
         row.payload,
-        at=row.due_at,
+        at=at,
         task_id=row.task_id,
         max_attempts=row.max_attempts,
         headers=row.headers or None,
@@ -134,11 +157,48 @@ def _pending(alias: str, older_than: datetime, limit: int) -> QuerySet[OutboxTas
     return rows.order_by("created_at")[:limit]
 
 
-def relay(*, using: str = "default", min_age: float = MIN_AGE_S, limit: int = BATCH) -> int:
-    """Schedule the tasks left in the outbox of ``using`` (rows older than ``min_age``
-    seconds, at most ``limit``), then delete their rows, in one transaction. Returns how
-    many were relayed. A row of a queue no longer configured is left, and logged."""
-    older_than = datetime.now(UTC) - timedelta(seconds=min_age)
+def databases() -> list[str]:
+    """The aliases of ``settings.DATABASES`` the routers let ``delayq`` migrate to that have
+    the ``delayq_outbox`` table, in their order (one that cannot be reached is logged and
+    left out), each database once.
+    """
+    out, seen = [], set()
+    for alias in connections:
+        db = connections[alias].settings_dict
+        where = (db["ENGINE"], db.get("HOST"), db.get("PORT"), db["NAME"])
+        if where in seen or not router.allow_migrate_model(alias, OutboxTask):
+            continue  # (two aliases of one database: relayed once)
+        seen.add(where)
+        try:
+            with connections[alias].cursor() as cursor:
+                tables = connections[alias].introspection.table_names(cursor)
+        except DatabaseError:
+            log.warning("outbox: database %r cannot be read", alias, exc_info=True)
+            continue
+        if OutboxTask._meta.db_table in tables:
+            out.append(alias)
+    return out
+
+
+def relay(*, using: str | None = None, min_age: float = MIN_AGE_S, limit: int = BATCH) -> int:
+    """Schedule the tasks left in the outbox of the database ``using`` (None: of each of
+    :func:`databases`), rows older than ``min_age`` seconds, at most ``limit`` a database,
+    then delete their rows, in one transaction a database. Returns how many were relayed.
+    A row of a queue no longer configured is left, and logged."""
+    if using is not None:
+        return _relay(using, min_age, limit)
+    relayed = 0
+    for alias in databases():
+        try:
+            relayed += _relay(alias, min_age, limit)
+        except Exception:  # one database down does not stop the others' relays
+            log.error("outbox: the relay of database %r failed", alias, exc_info=True)
+    return relayed
+
+
+def _relay(using: str, min_age: float, limit: int) -> int:
+    # timezone.now(): aware UTC, or naive local time when USE_TZ is False, as created_at is
+    older_than = timezone.now() - timedelta(seconds=min_age)
     relayed = 0
     with transaction.atomic(using=using):
         by_queue: dict[str, list[OutboxTask]] = {}
@@ -156,7 +216,7 @@ def relay(*, using: str = "default", min_age: float = MIN_AGE_S, limit: int = BA
             _send(registry.queue(name), rows, using)
             relayed += len(rows)
     if relayed:
-        log.info("outbox: relayed %d task(s) left after their commit", relayed)
+        log.info("outbox: relayed %d task(s) left after their commit (%s)", relayed, using)
     return relayed
 
 

@@ -5,13 +5,15 @@
 -- The controls as of now: nil when none is set (the plain path), else {paused, limit (the
 -- claim's limit, cut to the whole tokens in the bucket), rate (tokens per ms), tokens}.
 -- The bucket refills on the server's clock (now); it is written only when tokens are spent.
+-- Second: whether the prio index may hold tasks (lib/prio.lua), read by the same HMGET.
 local function dq_admit_gate(control, now, limit)
-  local c = redis.call('HMGET', control, 'paused', 'rate', 'burst', 'tokens', 'ts')
-  if not c[1] and not c[2] then return nil end
+  local c = redis.call('HMGET', control, 'paused', 'rate', 'burst', 'tokens', 'ts', 'prio')
+  local prio = c[6] and true or false
+  if not c[1] and not c[2] then return nil, prio end
   local g = {paused = c[1] and true or false, limit = limit}
   if g.paused then
     g.limit = 0
-    return g
+    return g, prio
   end
   local rate, burst = tonumber(c[2]), tonumber(c[3])
   if rate and burst and rate > 0 then
@@ -22,5 +24,5 @@ local function dq_admit_gate(control, now, limit)
     local whole = math.floor(tokens + 1e-9)  -- a refill's rounding is no token short
     if whole < limit then g.limit = whole end
   end
-  return g
+  return g, prio
 end

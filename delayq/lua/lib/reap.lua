@@ -1,11 +1,14 @@
 --@include attempt
 --@include bury
 --@include error
+--@include prio_of
+--@include prio_put
 --@include record
 
 -- Return tasks whose lease expired (their worker died or stalled) to the scheduled set,
 -- or to the dead set when the task's own attempt limit is spent. The attempt counts.
--- k holds active, scheduled, tasks, attempts, dead, errors, stats.
+-- k holds active, scheduled, tasks, attempts, dead, errors, stats, control and prio: a task
+-- with a priority goes back into the prio index.
 -- Returns the number of leases reaped and the earliest due time it scheduled (or false).
 local function dq_reap(k, now, limit)
   local ids = redis.call('ZRANGEBYSCORE', k.active, '-inf', now, 'LIMIT', 0, limit)
@@ -23,6 +26,8 @@ local function dq_reap(k, now, limit)
         dq_bury(k, id, now, what .. '; no attempts left')
       else
         redis.call('ZADD', k.scheduled, now, id)
+        local p = dq_prio_of(h)
+        if p then dq_prio_put(k, id, p, now) end
         dq_set_error(k.errors, id, what)
         first_due = now
       end

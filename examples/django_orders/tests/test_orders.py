@@ -79,7 +79,7 @@ def test_an_order_paid_in_time_is_not_closed(
     workers.start()
     wait_for(lambda: status(unpaid["id"]) == "closed", what="the unpaid order closed")
     time.sleep(0.5)
-    assert status(paid["id"]) == "paid" and task_state(paid["id"]) is None
+    assert status(paid["id"]) == "paid" and task_state(paid["id"]) == "cancelled"
     assert stock(apple) == 10 - 3
     # Paying after the close is refused, and changes nothing.
     assert client.post(f"/orders/{unpaid['id']}/pay").status_code == 409

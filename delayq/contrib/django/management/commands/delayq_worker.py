@@ -83,7 +83,7 @@ class Command(BaseCommand):
         if lease is not None:
             overrides["lease"] = lease
         try:
-            worker = make_worker(options["queues"], relay=True, **overrides)
+            worker = make_worker(options["queues"], relay=True, require=True, **overrides)
         except ImproperlyConfigured as e:
             raise CommandError(str(e)) from None
         # Whatever the tasks modules opened while they were imported: nothing of this
