@@ -427,7 +427,8 @@ def test_max_shards_bounds_the_shard_count_which_the_script_itself_does_not_chec
         assert reply == [2000, PROTOCOL_VERSION.encode(), b"", b"", b""]
     finally:
         r.close()
-    with pytest.raises(ConfigurationError, match="from 1 to 1,024"):  # no delayq opens it
+    stored = r"stored a shard count of 2000, not one from 1 to the protocol's max_shards \(1024\)"
+    with pytest.raises(ConfigurationError, match=stored):  # no delayq opens it
         Queue(other, url=server.url, shards="stored")  # (it reads the count as it opens)
 
 
