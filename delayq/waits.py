@@ -4,7 +4,7 @@ dead or aborted, without polling.
 A wait looks at the task once with ``wait.lua``, which also enters its id in the queue's
 ``waits`` set for the time the caller waits; a script that finishes a task in that set (ack,
 bury, abort; cancel too) publishes it on the shard's *finished* channel, which workers do not
-listen to, and takes it out of the set. So a queue nobody waits on pays one ``EXISTS`` per
+listen to, and takes it out of the set. So a queue nobody waits on pays one ``ZCARD`` per
 ack call, and a wait costs one script call, its message, and one more ``get`` only when its
 time runs out (or the message came without the task: a death, an abort, a cancel).
 

@@ -55,9 +55,12 @@ elseif A.mode == 'drop' then
   redis.call('ZREM', set, unpack(ids))
   if A.state == 'scheduled' then redis.call('ZREM', K.prio, unpack(ids)) end
   dq_forget(K, ids)
-  -- The shard's kinds' codes go with its last finished task.
-  if redis.call('EXISTS', K.done) == 0 and redis.call('EXISTS', K.aborted) == 0 then
-    redis.call('DEL', K.kinds)
+  -- The shard's kinds' codes go with its last finished task (field by field: the documented
+  -- least-privilege ACL user has no DEL).
+  if redis.call('ZCARD', K.done) == 0 and redis.call('ZCARD', K.aborted) == 0 then
+    local all, fields = redis.call('HGETALL', K.kinds), {}
+    for i = 1, #all, 2 do fields[#fields + 1] = all[i] end
+    if #fields > 0 then redis.call('HDEL', K.kinds, unpack(fields)) end
   end
   return #ids
 end

@@ -17,12 +17,16 @@
 -- REPLY {state, score, record, error, attempt, result} | nil
 -- Returns: what get replies. A task still waiting or running is entered in the waits set
 -- until now + for_ms, so that the script finishing it publishes its id on the finished
--- channel (lib/announce.lua); entries whose time has passed leave the set here.
+-- channel (lib/announce.lua); entries whose time has passed leave the set here, up to 100
+-- a call.
 --@include clock
 --@include lookup
 --@include time_text
 local now = dq_now(A.now)
-redis.call('ZREMRANGEBYSCORE', K.waits, '-inf', '(' .. dq_ms(now))
+-- Entries whose time has passed, a few per call (ZRANGEBYSCORE and ZREM: the documented
+-- least-privilege ACL user has no ZREMRANGEBYSCORE).
+local passed = redis.call('ZRANGEBYSCORE', K.waits, '-inf', '(' .. dq_ms(now), 'LIMIT', 0, 100)
+if #passed > 0 then redis.call('ZREM', K.waits, unpack(passed)) end
 local row = dq_lookup(K, A.id)
 if row and (row[1] == 'scheduled' or row[1] == 'active') then
   redis.call('ZADD', K.waits, 'GT', dq_ms(now + tonumber(A.for_ms)), A.id)
