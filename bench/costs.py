@@ -20,7 +20,7 @@ from typing import Any
 from common import Report, client, fresh_server
 
 from delayq import Queue, TaskSpec, Worker, leasing
-from delayq.codec import Header
+from delayq.codec import Header, tombstone_prefix
 from delayq.connection import async_client
 from delayq.leasing import Claimed
 from delayq.runner import AsyncRunner, SyncRunner
@@ -59,15 +59,22 @@ def server_side(rep: Report, n: int) -> None:
             r, run = client(srv.url), SyncRunner(q.client)
             r.config_resetstat()
             held: list[tuple[str, int]] = []
+            kinds: list[tuple[str, str, str]] = []  # per task, as a worker acks
             while got := run.run(leasing.claim(q.core, limit=batch, lease_ms=60_000)).tasks:
                 held += [(c.id, c.token) for c in got]
+                now = time.time() * 1000
+                kinds += [
+                    (tombstone_prefix(c.header.attempts, c.header.due_ms, now), c.header.kind, "")
+                    for c in got
+                ]
             claim_us = _script_us(r) / len(held)
             r.config_resetstat()
             for i in range(0, len(held), batch):
                 # With lateness as a worker sends it, over a few of the history's buckets.
                 part = held[i : i + batch]
                 late = [0.0002 + (j % 7) * 0.0001 for j in range(len(part))]
-                run.run(leasing.ack(q.core, part, lateness=late))
+                fin = kinds[i : i + batch]
+                run.run(leasing.ack(q.core, part, lateness=late, finished=fin))
             ack_us = _script_us(r) / len(held)
             r.zadd("floor:due", {f"t{i}": 0 for i in range(n)})
             sha = r.script_load(FLOOR_CLAIM)
@@ -151,7 +158,10 @@ def worker_side(rep: Report, n: int) -> None:
 
     from delayq.connection import hiredis_packing
 
-    acks = [Outcome("ack", f"t{i}", i, late=0.0002 + (i % 7) * 0.0001) for i in range(1000)]
+    acks = [
+        Outcome("ack", f"t{i}", i, late=0.0002 + (i % 7) * 0.0001, kind="noop", tomb="1 3 ")
+        for i in range(1000)
+    ]
     ack = outcome_op(core, "ack", acks)
     conn = hiredis_packing(Connection)()  # as the worker's clients pack (connection.py)
     gc.collect()

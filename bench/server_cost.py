@@ -21,6 +21,7 @@ from common import Report, client, fresh_server, server_cpu, short_version
 from costs import command_stats
 
 from delayq import Queue, TaskSpec, leasing
+from delayq.codec import tombstone_prefix
 from delayq.runner import SyncRunner
 
 NAME = "server_cost"
@@ -76,17 +77,14 @@ def one(rep: Report, flavour: str, n: int) -> dict[str, dict[str, Any]]:
             q.schedule_many(todo)
         out["schedule_many"] = p.per_task(n)
         with Phase(r) as p:
-            held: list[tuple[str, int]] = []
-            while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
-                held += [(c.id, c.token) for c in got]
+            held = _claim_all(run, q)
         out["claim"] = p.per_task(len(held))
         held_bytes = {  # what a claimed task adds: its attempts entry and its lease
             k: int(r.memory_usage(getattr(q.core.keys, k), samples=0) or 0) / len(held)
             for k in ("attempts", "active")
         }
         with Phase(r) as p:
-            for i in range(0, len(held), BATCH):
-                run.run(leasing.ack(q.core, held[i : i + BATCH]))
+            _ack_all(run, q, held)
         out["ack"] = p.per_task(len(held))
         singles = specs(n)
         with Phase(r) as p:
@@ -148,8 +146,35 @@ def run(rep: Report) -> None:
 CG_N = 5_000
 
 
+def _claim_all(run: SyncRunner, q: Queue) -> list[tuple[str, int, str, str]]:
+    held: list[tuple[str, int, str, str]] = []
+    while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
+        now = time.time() * 1000
+        held += [
+            (
+                c.id,
+                c.token,
+                c.header.kind,
+                tombstone_prefix(c.header.attempts, c.header.due_ms, now),
+            )
+            for c in got
+        ]
+    return held
+
+
+def _ack_all(run: SyncRunner, q: Queue, held: list[tuple[str, int, str, str]]) -> None:
+    """Acks in batches of BATCH, with each task's kind and tombstone prefix, as a worker
+    sends them."""
+    for i in range(0, len(held), BATCH):
+        part = held[i : i + BATCH]
+        leases = [(tid, token) for tid, token, _, _ in part]
+        finished = [(pre, kind, "") for _, _, kind, pre in part]
+        run.run(leasing.ack(q.core, leases, finished=finished))
+
+
 def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
-    """Server instructions per task of one phase (schedule_many, claim, ack, or single:
+    """Server instructions per task of one phase (schedule_many, claim, ack, ack_trim: acks
+    that also trim as many tasks past their dedupe window, as at steady state; or single:
     one schedule() call per task) under callgrind."""
     import os
     import socket
@@ -179,7 +204,8 @@ def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
                 break
             except Exception:
                 time.sleep(0.1)
-        with Queue("cg", url=url) as q:
+        window = 1 if phase == "ack_trim" else None
+        with Queue("cg", url=url, dedupe_window=window) as q:
             run = SyncRunner(q.client)
             q.schedule("warm", {}, delay=3600)
             todo = specs(n)
@@ -189,15 +215,19 @@ def instructions(phase: str, flavour: str = "valkey", n: int = CG_N) -> float:
             instr("off")
             if phase == "claim":
                 instr("on")
-            held: list[tuple[str, int]] = []
-            while got := run.run(leasing.claim(q.core, limit=BATCH, lease_ms=600_000)).tasks:
-                held += [(c.id, c.token) for c in got]
+            held = _claim_all(run, q)
             instr("off")
             if phase == "ack":
                 instr("on")
-            for i in range(0, len(held), BATCH):
-                run.run(leasing.ack(q.core, held[i : i + BATCH]))
+            _ack_all(run, q, held)
             instr("off")
+            if phase == "ack_trim":  # n more acks, which trim the first n past their window
+                time.sleep(1.2)
+                q.schedule_many(specs(n))
+                held = _claim_all(run, q)
+                instr("on")
+                _ack_all(run, q, held)
+                instr("off")
             if phase == "single":  # n schedule() calls, one task each
                 singles = specs(n)
                 q.schedule("warm", {}, delay=3600)  # its script loaded before

@@ -15,6 +15,7 @@ from delayq.errors import (
     Retry,
     ScriptError,
     TaskAborted,
+    TaskNotFound,
     WorkerFailed,
 )
 from delayq.expiring.facade import Expired
@@ -51,6 +52,7 @@ __all__ = [
     "TaskAborted",
     "TaskEvent",
     "TaskInfo",
+    "TaskNotFound",
     "TaskSpec",
     "TaskType",
     "Worker",

@@ -16,6 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from delayq import check, controls, hooks
+from delayq.codec import DEFAULT_MAX_RESULT, KeepFinished
 from delayq.connection import check_client, resolve_url
 from delayq.controls import Controls, RateLimit
 from delayq.core import MAX_DEAD_PAGE, REPLY_BATCH, Op, QueueCore, check_page
@@ -204,6 +205,8 @@ class QueueBase(Generic[C]):
         durable_replicas: int = 0,
         clock: Clock | None = None,
         before_schedule: Iterable[BeforeSchedule] = (),
+        keep_finished: KeepFinished = "tombstone",
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> None:
         what = "functions (spec) -> TaskSpec | None"
         self.before_schedule: list[BeforeSchedule] = check.many(
@@ -233,6 +236,8 @@ class QueueBase(Generic[C]):
             given=given(dedupe_window, max_payload, codec),
             history_window=history_window,
             clock=clock,
+            keep_finished=keep_finished,
+            max_result=max_result,
         )
         self.shards = Shards(name, 1 if shards == STORED else shards, **options)
         self.core: QueueCore = self.shards.home

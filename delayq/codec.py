@@ -27,12 +27,29 @@ import json.encoder
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
-from delayq.errors import InvalidTaskError, PayloadTooLarge
+from delayq.errors import ConfigurationError, InvalidTaskError, PayloadTooLarge
 from delayq.text import check as check_text
 
 DEFAULT_MAX_PAYLOAD = 64 * 1024
+DEFAULT_MAX_RESULT = 64 * 1024  # bytes of a handler's result, as JSON text
+# What a done or aborted task keeps for the dedupe window: a tombstone (its state, finish time,
+# attempts and kind), or its whole record, payload included.
+KeepFinished = Literal["tombstone", "record"]
+KEEP_FINISHED: tuple[KeepFinished, ...] = ("tombstone", "record")
+
+
+def check_keep_finished(value: Any) -> KeepFinished:
+    if value not in KEEP_FINISHED:
+        raise ConfigurationError(
+            f"keep_finished must be 'tombstone' (the default: a finished task keeps its state, "
+            f"finish time, attempts and kind) or 'record' (its whole record, payload "
+            f"included), got {value!r}"
+        )
+    return value  # type: ignore[no-any-return]
+
+
 MAX_HEADERS = 4 * 1024  # bytes of a task's headers, as their JSON object
 
 
@@ -396,3 +413,69 @@ def decode_payload(header: Record | Header, payload: bytes, codecs: dict[str, Co
         return codec.decode(payload)
     except Exception as e:  # any codec error means the same thing: undecodable
         raise RecordError(f"payload cannot be decoded as {header.fmt}: {e}") from None
+
+
+def encode_result(value: Any, max_result: int) -> str:
+    """What a handler returned, as the JSON text kept beside its tombstone.
+
+    Raises:
+        InvalidTaskError: not JSON-encodable, or over ``max_result`` bytes (the task is then
+            dead with this reason)."""
+    try:
+        text = _encode_json(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidTaskError(
+            f"the handler's result is not JSON-serialisable ({e}); return dicts, lists, "
+            "strings, finite numbers, booleans or None"
+        ) from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidTaskError(
+            f"the handler's result is not valid Unicode text: a string in it holds the lone "
+            f"surrogate {text[e.start]!r}; return text that encodes as UTF-8"
+        ) from None
+    if size > max_result:
+        raise InvalidTaskError(
+            f"the handler's result is {size} bytes as JSON, over the queue's max_result of "
+            f"{max_result}; store large results elsewhere and return a reference, or raise "
+            "Queue(..., max_result=)"
+        )
+    return text
+
+
+def tombstone_prefix(attempt: int, due_ms: float | None, now_ms: float) -> str:
+    """A tombstone's first two fields as the worker sends them with its ack, the script
+    adding the kind's code: ``"<attempt> <ms from due to now> "`` (the middle empty for no
+    due time, or one no delayq wrote)."""
+    lag = now_ms - due_ms if due_ms is not None else math.nan
+    if not -1e13 < lag < 1e13:  # none, or one another program wrote (nan, inf, 1e300)
+        return f"{attempt}  "
+    return f"{attempt} {round(lag)} "
+
+
+@dataclass(slots=True, frozen=True)
+class Tombstone:
+    """What a done or aborted task keeps in place of its record (``keep_finished=
+    "tombstone"``): ``"<attempts> <ms from its last due time to its finish> <kind>"``, e.g.
+    ``"1 3 order.close"`` (the middle empty when it never ran). A record starts with ``{``;
+    a tombstone with a digit."""
+
+    attempts: int
+    lag_ms: int | None
+    kind: str
+
+    @classmethod
+    def parse(cls, value: bytes) -> Tombstone | None:
+        """The tombstone, or None when ``value`` is not one (a record)."""
+        if not value[:1].isdigit():
+            return None
+        attempts, sep, rest = value.partition(b" ")
+        lag, sep2, kind = rest.partition(b" ")
+        if not (sep and sep2) or not attempts.isdigit():
+            return None
+        try:
+            lag_ms = int(lag) if lag else None
+        except ValueError:
+            return None
+        return cls(int(attempts), lag_ms, kind.decode("utf-8", "backslashreplace"))

@@ -17,7 +17,10 @@ from typing import Any, Generic, NamedTuple, TypeVar, cast
 from delayq import check
 from delayq.codec import (
     DEFAULT_MAX_PAYLOAD,
+    DEFAULT_MAX_RESULT,
     Codec,
+    KeepFinished,
+    check_keep_finished,
     encode_headers,
     encode_payload,
     get_codec,
@@ -30,7 +33,13 @@ from delayq.info import as_bytes, as_str, parse_worker, task_info
 from delayq.keys import DEFAULT_PREFIX, QueueKeys, shard_name, validate_queue_name
 from delayq.protocol.version import PROTOCOL_VERSION
 from delayq.scripts import SCRIPTS, Arg, Script
-from delayq.settings import DEFAULT_DEDUPE_WINDOW, NOTHING_STORED, QueueSettings, Stored, stored_of
+from delayq.settings import (
+    DEFAULT_DEDUPE_WINDOW,
+    QueueSettings,
+    ShardCheck,
+    read_check,
+    write_check,
+)
 from delayq.spec import (
     CheckedSpec,
     TaskSpec,
@@ -72,7 +81,7 @@ if _RESCHEDULE.scalars != ("moved",):
     raise ValueError(f"reschedule.lua replies {_RESCHEDULE.text!r}; core.py reads moved")
 _RESCHEDULE.require_head("moved", "now")
 _GET = SCRIPTS["get"].reply
-_GET.require_head("state", "score", "record", "error", "attempt")
+_GET.require_head("state", "score", "record", "error", "attempt", "result")
 _STATS = SCRIPTS["stats"].reply
 _STATS_HEAD = "now scheduled due active dead done head_due next_lease expiry_mode aborted"
 _STATS.require_head(*_STATS_HEAD.split())
@@ -116,32 +125,6 @@ class SeekRow(NamedTuple):
     attempt: Any
 
 
-class ShardCheck(NamedTuple):
-    """What ``shards.lua`` answers: the stored shard count (0 when none is, -1 while the
-    queue is being resharded), the queue's protocol version ("" when it has none) and its
-    stored settings (delayq/settings.py)."""
-
-    n: int
-    protocol: str
-    store: bool = False  # asked by a write: a queue with no version has been stamped
-    settings: Stored = NOTHING_STORED
-
-
-def _shard_check(reply: Any, store: bool) -> ShardCheck:
-    if isinstance(reply, list):
-        count, protocol, *settings = reply  # shards.lua's head, checked above
-        return ShardCheck(int(count), as_str(protocol), store, stored_of(settings))
-    return ShardCheck(int(reply), "", store)  # the status: being resharded
-
-
-def _read_check(reply: Any) -> ShardCheck:
-    return _shard_check(reply, False)
-
-
-def _write_check(reply: Any) -> ShardCheck:  # (one function each: ops compare equal)
-    return _shard_check(reply, True)
-
-
 def check_page(offset: Any, limit: Any, most: int = MAX_SEEK) -> None:
     """A page by offset: offset >= 0 and 1 <= limit <= ``most``, so a script's run time and
     its reply stay bounded (page deeper with a cursor: Queue.page)."""
@@ -181,6 +164,8 @@ class QueueCore:
         shard: int = 0,
         shards: int = 1,
         clock: Clock | None = None,
+        keep_finished: KeepFinished = "tombstone",
+        max_result: int = DEFAULT_MAX_RESULT,
     ) -> None:
         try:
             self.name = validate_queue_name(name)
@@ -194,6 +179,10 @@ class QueueCore:
             max_payload, "max_payload", 1, error=InvalidTaskError, hint=" (bytes)"
         )
         self.dedupe_ms = round(seconds(dedupe_window, "dedupe_window") * 1000)
+        self.keep_finished = check_keep_finished(keep_finished)
+        self.max_result = check.whole(
+            max_result, "max_result", 1, error=ConfigurationError, hint=" (bytes)"
+        )
         self.history_ms = window_ms(history_window)  # the dashboard's, past its 10 minutes
         self._prefixes: dict[tuple[Any, ...], bytes] = {}  # (kind, max_attempts[, priority])
         self._schedule_heads: dict[tuple[bool, bool], Op[Any]] = {}
@@ -371,9 +360,11 @@ class QueueCore:
         return Op(_NEW, list(keys), args, parse)
 
     def cancel(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
-        """Remove a waiting task, leaving a tombstone for the dedupe window (True: it was)."""
+        """Remove a waiting task, leaving a tombstone for the dedupe window (True: it was),
+        and tell whoever waits for it (queue.wait)."""
         args: dict[str, Arg] = {"id": validate_task_id(task_id), "now": self.now_arg(now_ms)}
         args["dedupe_ms"], args["trim_limit"] = self.dedupe_ms, ABORT_TRIM
+        args["finished"] = self.keys.finished_channel
         return self.op("cancel", args, [], lambda r: int(r) == 1)
 
     def abort(self, task_id: str, *, now_ms: int | None = None) -> Op[bool]:
@@ -386,6 +377,8 @@ class QueueCore:
                 "dedupe_ms": self.dedupe_ms,
                 "trim_limit": ABORT_TRIM,
                 "channel": self.keys.wake_channel,
+                "keep": "1" if self.keep_finished == "record" else "",
+                "finished": self.keys.finished_channel,
                 "id": validate_task_id(task_id),
             },
             [],
@@ -437,23 +430,26 @@ class QueueCore:
 
     def get(self, task_id: str) -> Op[TaskInfo | None]:
         tid = validate_task_id(task_id)
+        return self.op("get", {"id": tid}, [], self.lookup_parser(tid))
 
+    def lookup_parser(self, tid: str) -> Callable[[Any], TaskInfo | None]:
         def parse(reply: Any) -> TaskInfo | None:
             if not reply:
                 return None
-            state, score, record, error, attempt = reply  # _GET's head
+            state, score, record, error, attempt, *rest = reply  # _GET's head
             return self.task_info(
-                tid, as_str(state), float(score), as_bytes(record), error, attempt
+                tid, as_str(state), float(score), as_bytes(record), error, attempt, *rest[:1]
             )
 
-        return self.op("get", {"id": tid}, [], parse)
+        return parse
 
     def task_info(
-        self, task_id: str, state: str, score: float, record: bytes, err: Any, attempt: Any
+        self, task_id: str, state: str, score: float, record: bytes, *rest: Any
     ) -> TaskInfo:
-        """What the scripts return about a task (record, last error, attempt state) as a
-        TaskInfo of this queue (``info.task_info``): an undecodable record still shows."""
-        return task_info(self.name, self.codecs, task_id, state, score, record, err, attempt)
+        """What the scripts return about a task (record or tombstone; then ``rest``: last
+        error, attempt state, result) as a TaskInfo of this queue (``info.task_info``): an
+        undecodable record still shows."""
+        return task_info(self.name, self.codecs, task_id, state, score, record, *rest)
 
     def stats(self, now_ms: int | None = None) -> Op[QueueStats]:
         def parse(r: Any) -> QueueStats:
@@ -500,7 +496,7 @@ class QueueCore:
             "store": "1" if store else "0",
             "protocol": PROTOCOL_VERSION,
         }
-        return self.op("shards", args, [], _write_check if store else _read_check)
+        return self.op("shards", args, [], write_check if store else read_check)
 
     def dead(self, offset: int = 0, limit: int = 100) -> Op[list[TaskInfo]]:
         check_page(offset, limit, MAX_DEAD_PAGE)

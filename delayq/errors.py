@@ -103,6 +103,14 @@ class LeaseLost(DelayqError):
     """The worker no longer holds the task's lease: it expired or was taken over."""
 
 
+class TaskNotFound(DelayqError, KeyError):
+    """``queue.wait``: the queue holds no task of this id (never scheduled, cancelled, or
+    forgotten after its dedupe window)."""
+
+    def __str__(self) -> str:  # (KeyError's repr()s its argument)
+        return str(self.args[0]) if self.args else ""
+
+
 class TaskAborted(DelayqError):
     """Raised by ``task.raise_if_aborted()`` in a handler whose task was aborted
     (``queue.abort``): the attempt is over, and whatever the handler does next is discarded."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from delayq.codec import Attempt, Codec, RecordError, decode_payload, split_record
+from delayq.codec import Attempt, Codec, RecordError, Tombstone, decode_payload, split_record
 from delayq.task import STATES, State, TaskInfo, WorkerInfo
 from delayq.timing import ms_to_datetime
 
@@ -34,11 +34,13 @@ def task_info(
     record: bytes,
     err: Any,
     attempt: Any,
+    result: Any = None,
 ) -> TaskInfo:
-    """A TaskInfo of ``queue`` from what the scripts return (record, last error, attempt
-    state); an undecodable record still shows."""
+    """A TaskInfo of ``queue`` from what the scripts return (record or tombstone, last error,
+    attempt state, result: JSON text); an undecodable record still shows."""
     last_error = as_str(err) if err else None
     when = ms_to_datetime(score)
+    value = _result(result)
     if state == "cancelled":  # a tombstone: the id and the time of the cancel, no record
         return TaskInfo(
             id=task_id,
@@ -53,6 +55,23 @@ def task_info(
             finished_at=when,
             queue=queue,
         )
+    if state in ("done", "aborted"):
+        tomb = Tombstone.parse(record)
+        if tomb is not None:
+            return TaskInfo(
+                id=task_id,
+                kind=tomb.kind,
+                payload=None,
+                state=_state(state),
+                due_at=None if tomb.lag_ms is None else ms_to_datetime(score - tomb.lag_ms),
+                attempts=tomb.attempts,
+                max_attempts=0,
+                last_error=last_error,
+                created_at=None,
+                finished_at=when,
+                queue=queue,
+                result=value,
+            )
     try:
         header, data = split_record(record)
     except RecordError as e:
@@ -92,8 +111,20 @@ def task_info(
         finished_at=when if state in ("done", "dead", "aborted") else None,
         queue=queue,
         headers=header.headers,
+        result=value,
         priority=header.priority,
     )
+
+
+def _result(text: Any) -> Any:
+    """A stored result (JSON text) decoded; None for none, the text itself if it is not
+    JSON (another program wrote it)."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return as_str(text)
 
 
 def parse_worker(tid: str, seen_ms: float, info: Any, now_ms: float, queue: str) -> WorkerInfo:

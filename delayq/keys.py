@@ -112,6 +112,19 @@ class QueueKeys:
         "record so that a claim writes these few bytes instead of rewriting the record."
     )
     errors = Key("HASH task id -> last error text (only for tasks that failed at least once).")
+    results = Key(
+        "HASH task id -> what its handler returned (JSON text), beside its done tombstone for "
+        "the dedupe window; only tasks whose handler returned something other than None."
+    )
+    kinds = Key(
+        "HASH of the codes finished tasks' tombstones name their kinds by: ``k:<kind>`` -> "
+        "code, ``c:<code>`` -> kind, ``n`` the last code given. One entry per kind ever "
+        "finished on the shard."
+    )
+    waits = Key(
+        "ZSET task id -> until when (ms) someone waits for it to finish (queue.wait); a script "
+        "that finishes a task publishes on the finished channel only when its id is here."
+    )
     stats = Key(
         "HASH of counters (scheduled, succeeded, retried, dead, ...) and the claim sequence."
     )
@@ -143,6 +156,11 @@ class QueueKeys:
     wake_channel = Key(
         "Pub/sub channel on which producers announce a new earliest due time.",
         suffix="wake",
+    )
+    finished_channel = Key(
+        "Pub/sub channel on which a task someone waits for (``waits``) is announced when it "
+        "finishes (done, dead or aborted): its id. Workers do not listen to it.",
+        suffix="finished",
     )
 
     def idempotency(self, digest: str) -> str:

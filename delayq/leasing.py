@@ -261,20 +261,35 @@ def ack(
     trim_limit: int | None = None,
     lateness: Iterable[float] = (),
     now_ms: int | None = None,
+    finished: Sequence[tuple[str, str, str]] | None = None,
 ) -> Op[list[str]]:
-    """``lateness``: the start lateness of the batch's attempts (seconds; negative: not
-    run), for the dashboard's history (delayq/history.py); so for retry and bury."""
+    """Record tasks as done. ``finished``: per lease, (tombstone's prefix, kind, result):
+    ``"<attempt> <ms from its due time to now> "`` ("": the script reads them from the
+    attempts entry), the kind ("": read from its record) and what its handler returned, as
+    JSON text ("": nothing); none given: ("", "", "") each. ``lateness``: the start lateness
+    of the batch's attempts (seconds; negative: not run), for the dashboard's history
+    (delayq/history.py); so for retry and bury."""
     # Each call forgets up to twice the records it adds (at least 20): under any sustained
     # load, finished records leave once their dedupe window has passed instead of piling up.
     trim = trim_limit if trim_limit is not None else max(20, 2 * len(leases))
+    if finished is None:
+        rest: list[Arg] = [x for i, t in leases for x in (i, t, "", "", "")]
+    else:
+        if len(finished) != len(leases):
+            raise ValueError("ack needs one (prefix, kind, result) per lease")
+        rest = [
+            x for (i, t), (p, k, r) in zip(leases, finished, strict=True) for x in (i, t, p, k, r)
+        ]
     args: dict[str, Arg] = {
         "now": core.now_arg(now_ms),
         "dedupe_ms": core.dedupe_ms,
         "counter": "discarded" if discarded else "succeeded",
         "trim_limit": trim,
+        "keep": "1" if core.keep_finished == "record" else "",
+        "channel": core.keys.finished_channel,
     }
     key = _history(core, args, lateness, now_ms)
-    return core.op("ack", args, _flat(leases), _ids, key)
+    return core.op("ack", args, rest, _ids, key)
 
 
 def retry(
@@ -300,7 +315,7 @@ def bury(
     """items: (id, token, reason); the reason is escaped (text.escape). An id may be the raw
     bytes of an :class:`Unreadable` row; the ids refused come back as text (``\\xNN``)."""
     rest: list[Arg] = [x for i, t, r in items for x in (i, t, escape(r))]
-    args: dict[str, Arg] = {"now": core.now_arg(now_ms)}
+    args: dict[str, Arg] = {"now": core.now_arg(now_ms), "finished": core.keys.finished_channel}
     return core.op("bury", args, rest, _ids, _history(core, args, lateness, now_ms))
 
 
@@ -350,6 +365,7 @@ def handback(
         "grace_ms": grace_ms,
         "first_ms": first_ms,
         "most_ms": most_ms,
+        "finished": core.keys.finished_channel,
     }
     key = _history(core, args, [], now_ms)  # a burial counts as dead in the history
     return core.op("handback", args, rest, _handback_rows, key)

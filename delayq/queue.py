@@ -32,6 +32,7 @@ from delayq.settings import QueueSettings
 from delayq.spec import ScheduleOptions, TaskSpec, TaskType
 from delayq.task import QueueStats, Scheduled, TaskInfo, TaskPage, WorkerInfo
 from delayq.timing import Duration
+from delayq.waits import AsyncWaits, SyncWaits
 
 X = TypeVar("X")  # a typed task's payload type
 
@@ -78,9 +79,17 @@ class Queue(QueueBase[redis.Redis]):
             the caller's, or a new empty one): add to it in place and return None, or
             return a new spec (``dataclasses.replace(spec, payload=...)``). An exception
             from a hook refuses the call, unwritten.
+        keep_finished: what a done or aborted task keeps for the dedupe window:
+            ``"tombstone"`` (default: its state, finish time, attempts and kind, a few
+            bytes; ``get()`` answers those, with a payload of None) or ``"record"`` (its
+            whole record, payload included, for those who inspect finished payloads). The
+            worker's queue decides for its acks, the producer's for its aborts.
+        max_result: the largest result a handler may return, in bytes of JSON (default
+            64 KiB); one over it makes the task dead with the reason.
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)
+    _waits: SyncWaits | None = None
 
     def _new_client(self, url: str) -> redis.Redis:
         return sync_client(url, retries=RETRIES)
@@ -200,9 +209,26 @@ class Queue(QueueBase[redis.Redis]):
         return self.runner.drive(self._checked(op))
 
     def get(self, task_id: str) -> TaskInfo | None:
-        """The task with this id (its state, times, attempts, headers, payload and last
-        error), or None if the queue holds no such task."""
+        """The task with this id (its state, times, attempts, headers, payload, last error
+        and result), or None if the queue holds no such task. A done or aborted task answers
+        from its tombstone (see :class:`~delayq.task.TaskInfo`)."""
         return self.runner.drive(self._checked(self._of(task_id).get(task_id)))
+
+    def wait(self, task_id: str, timeout: Duration = 30.0) -> TaskInfo:
+        """Block until the task is done, dead or aborted, and return it as :meth:`get`
+        does (``result`` holds what its handler returned). No polling: the script that
+        finishes it tells this queue (docs/concepts.md, "Results").
+
+        Raises:
+            TimeoutError: it has not finished within ``timeout`` (seconds, or a timedelta).
+            TaskNotFound: the queue holds no such task (never scheduled, cancelled, even
+                while waited for, or forgotten after its dedupe window); at once.
+        """
+        if self._waits is None:
+            self._waits = SyncWaits(self.client, self._of)
+        return self._waits.wait(
+            self._of(task_id), task_id, timeout, lambda op: self.runner.drive(self._checked(op))
+        )
 
     def stats(self) -> QueueStats:
         """How many tasks are in each state, the head of the schedule and the queue's
@@ -320,6 +346,8 @@ class Queue(QueueBase[redis.Redis]):
     def close(self) -> None:
         """Close the connections the queue opened (a ``client=`` given stays open); ``with
         Queue(...) as queue:`` closes them at the end."""
+        if self._waits is not None:
+            self._waits.close()
         if self._owns_client:
             if self._runner is not None and self._runner.held is not None:
                 self._runner.held.close()
@@ -341,6 +369,7 @@ class AsyncQueue(QueueBase[aredis.Redis]):
     """
 
     _client_kinds = (aredis.Redis, aredis.RedisCluster)
+    _awaits: AsyncWaits | None = None
 
     def _new_client(self, url: str) -> aredis.Redis:
         return async_client(url, retries=RETRIES)
@@ -409,6 +438,13 @@ class AsyncQueue(QueueBase[aredis.Redis]):
 
     async def get(self, task_id: str) -> TaskInfo | None:
         return await self.runner.drive(self._checked(self._of(task_id).get(task_id)))
+
+    async def wait(self, task_id: str, timeout: Duration = 30.0) -> TaskInfo:
+        if self._awaits is None:
+            self._awaits = AsyncWaits(self.client, self._of)
+        return await self._awaits.wait(
+            self._of(task_id), task_id, timeout, lambda op: self.runner.drive(self._checked(op))
+        )
 
     async def stats(self) -> QueueStats:
         return await self.runner.drive(self._stats_plan())
@@ -488,6 +524,8 @@ class AsyncQueue(QueueBase[aredis.Redis]):
         return await self.runner.drive(self._read_controls_plan())
 
     async def close(self) -> None:
+        if self._awaits is not None:
+            await self._awaits.close()
         if self._owns_client:
             if self._runner is not None and self._runner.held is not None:
                 await self._runner.held.close()

@@ -365,6 +365,7 @@ NAMES = (
     "replay",
     "purge",
     "get",
+    "wait",
     "stats",
     "dead",
     "unregister",

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from delayq import check
 from delayq.codec import DEFAULT_MAX_PAYLOAD, get_codec
 from delayq.errors import ConfigurationError, InvalidTaskError
+from delayq.info import as_str
 from delayq.timing import Duration, seconds
 
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
@@ -202,3 +203,29 @@ def parse_size(text: str) -> int:
             "(B, KiB, MiB, GiB; KB, MB, GB are powers of 1000), e.g. 1000, 16KiB, 1MiB"
         )
     return int(m.group(1)) * _UNIT_BYTES[m.group(2)]
+
+
+class ShardCheck(NamedTuple):
+    """What ``shards.lua`` answers: the stored shard count (0 when none is, -1 while the
+    queue is being resharded), the queue's protocol version ("" when it has none) and its
+    stored settings (delayq/settings.py)."""
+
+    n: int
+    protocol: str
+    store: bool = False  # asked by a write: a queue with no version has been stamped
+    settings: Stored = NOTHING_STORED
+
+
+def shard_check(reply: Any, store: bool) -> ShardCheck:
+    if isinstance(reply, list):
+        count, protocol, *settings = reply  # shards.lua's head, checked above
+        return ShardCheck(int(count), as_str(protocol), store, stored_of(settings))
+    return ShardCheck(int(reply), "", store)  # the status: being resharded
+
+
+def read_check(reply: Any) -> ShardCheck:
+    return shard_check(reply, False)
+
+
+def write_check(reply: Any) -> ShardCheck:  # (one function each: ops compare equal)
+    return shard_check(reply, True)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from delayq import check
-from delayq.core import Op, QueueCore, SeekRow, ShardCheck
+from delayq.core import Op, QueueCore, SeekRow
 from delayq.errors import ConfigurationError, InvalidTaskError, raise_for
 from delayq.keys import MAX_SHARDS, shard_of
 from delayq.protocol import version as protocol
@@ -25,6 +25,7 @@ from delayq.settings import (
     NOTHING_STORED,
     Given,
     QueueSettings,
+    ShardCheck,
     Stored,
     effective,
 )

@@ -273,7 +273,15 @@ class TaskInfo:
 
     ``finished_at`` is when a done task finished, a dead one died, an aborted one was
     aborted or a cancelled one was cancelled. Of a task cancelled within the dedupe window
-    only that is known: its ``kind`` is ``""``, its payload None."""
+    only that is known: its ``kind`` is ``""``, its payload None.
+
+    A done or aborted task keeps, by default, only a tombstone for the queue's dedupe window
+    (``Queue(..., keep_finished="tombstone")``): its ``state``, ``finished_at``,
+    ``attempts`` and ``kind``, its ``due_at`` (its last run's: for a done task as the
+    worker reckons the server's clock, to a few milliseconds) and its ``result``. Its
+    ``payload`` is then None, ``max_attempts`` 0, ``created_at`` None and ``headers``
+    empty (``last_error`` stays: an earlier attempt's, if one failed). A queue made with
+    ``keep_finished="record"`` keeps whole records instead."""
 
     id: str
     kind: str
@@ -291,6 +299,8 @@ class TaskInfo:
     headers: dict[str, str] = field(default_factory=dict)
     # schedule(..., priority=): 1-9, the higher claimed first among due tasks; 0 for none.
     priority: int = 0
+    # What a done task's handler returned (JSON-decoded); None when it returned None.
+    result: Any = None
 
 
 @dataclass(frozen=True)

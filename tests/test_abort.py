@@ -83,7 +83,7 @@ def test_aborting_a_running_async_handler_cancels_it_and_it_is_not_retried(
         assert queue.abort("order:1") is False  # aborted already
     info = queue.get("order:1")
     assert info is not None and info.state == "aborted" and info.finished_at is not None
-    assert info.payload == {"n": 1} and info.attempts == 1
+    assert info.payload is None and info.attempts == 1 and info.kind  # its tombstone
     stats = queue.stats()
     assert (stats.active, stats.scheduled, stats.aborted) == (0, 0, 1)
     assert stats.counters.get("aborted") == 1
@@ -312,8 +312,8 @@ def test_a_waker_without_an_abort_callback_ignores_the_message() -> None:
 
 
 def test_the_abort_script_takes_the_lease_and_tells_the_worker(queue: Queue) -> None:
-    """abort.lua on exact state: a running task leaves active for aborted, keeping its record
-    and attempt state; its worker hears "abort <token> <id>"; its ack is refused and its
+    """abort.lua on exact state: a running task leaves active for aborted, leaving a
+    tombstone; its worker hears "abort <token> <id>"; its ack is refused and its
     extend reports it lost to an abort."""
     from delayq import leasing
 
@@ -340,7 +340,12 @@ def test_the_abort_script_takes_the_lease_and_tells_the_worker(queue: Queue) -> 
         (b"r", now + 5),
         (b"w", now + 6),
     ]
-    assert client.hget(k.tasks, "r") == record and client.hget(k.attempts, "r") == attempt
+    # A tombstone in place of its record: attempt 1, the ms from its due time to the abort,
+    # and its kind's code; its attempts entry goes (keep_finished="record" keeps both).
+    tomb = client.hget(k.tasks, "r")
+    assert tomb is not None and tomb != record and client.hget(k.attempts, "r") is None
+    assert tomb.split()[0] == b"1" and client.hget(k.kinds, b"c:" + tomb.split()[2]) == b"work"
+    assert attempt is not None
     assert client.hget(k.stats, "aborted") == b"2"
     lease = [("r", claimed.token)]
     lost = queue.execute(leasing.extend(core, lease, lease_ms=30_000, now_ms=now + 10))

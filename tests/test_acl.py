@@ -145,6 +145,10 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
         done = ("ok", "flaky", "slow", "later", "async", fresh, afresh, "flaky-p", "later-p")
         wait_for(lambda: [_state(queue, tid) for tid in done] == ["done"] * len(done))
         wait_for(lambda: _state(queue, "fatal") == "dead")
+        # queue.wait (wait.lua, the finished channel): one told, one finished already.
+        queue.schedule("ok", None, delay=0.2, task_id="waited")
+        assert queue.wait("waited", timeout=10).state == "done"
+        assert queue.wait("ok", timeout=1).state == "done"
         wait_for(lambda: "unknown kind" in (_last_error(queue, "unknown") or ""))
         assert _state(queue, "unknown") == "scheduled" and queue.cancel("unknown")
         assert [w.alive for w in queue.workers()] == [True]
@@ -160,11 +164,11 @@ def test_documented_user_runs_every_operation(acl: AclServer, run_worker: Any) -
     assert queue.workers() == []  # unregistered
     assert SyncRunner(queue.client).run(queue.core.reap()) == 0
     stats = queue.stats()
-    assert stats.counters["succeeded"] == 9 and stats.counters["released"] == 1
+    assert stats.counters["succeeded"] == 10 and stats.counters["released"] == 1
     assert queue.cancel("stuck")
     with Admin(acl.url) as admin:  # resharding runs as the user too
         moved = operate.reshard(admin, "orders", 2)
-    assert moved.ok and moved.done == 10, moved  # 9 done, 1 aborted
+    assert moved.ok and moved.done == 11, moved  # 10 done, 1 aborted
     queue.close()
 
     # Every script ran as the user (each was loaded on first use) ...

@@ -239,7 +239,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def __init__(self, url: str) -> None:
         super().__init__()
-        self.queue = Queue(f"m-{secrets.token_hex(6)}", url=url, dedupe_window=DEDUPE_MS / 1000)
+        # Whole records of finished tasks: the model compares every record's fields
+        # (tombstones: tests/test_finished.py, tests/test_scripts.py).
+        self.queue = Queue(
+            f"m-{secrets.token_hex(6)}",
+            url=url,
+            dedupe_window=DEDUPE_MS / 1000,
+            keep_finished="record",
+        )
         self.core = self.queue.core
         self.run = SyncRunner(self.queue.client).run
         self.model = Model()

@@ -540,3 +540,45 @@ def test_node_schedules_with_a_priority_that_python_claims_first_and_replace_kee
         assert queue.get("high").priority == 7  # type: ignore[union-attr]
         got = SyncRunner(queue.client).run(claim(queue.core, limit=10, lease_ms=30_000))
         assert [c.id for c in got.tasks] == ["high", "plain"]  # due later, claimed first
+
+
+def test_node_gets_a_finished_tasks_tombstone_and_result_as_python_does(
+    node: str, server: EmbeddedServer, qname: str
+) -> None:
+    """Protocol 1.1: a done task's get answers from its tombstone, with its result; an
+    aborted one too; and Node's cancel tells whoever waits for the task."""
+    from delayq.testing import VirtualClock, drain
+
+    with Queue(qname, url=server.url, clock=VirtualClock()) as queue:
+        worker = Worker(queue)
+        worker.handler("order.close")(lambda task: {"closed": task.payload["n"]})
+        worker.handler("plain")(lambda task: None)
+        queue.schedule("order.close", {"n": 42}, task_id="r")
+        queue.schedule("plain", {"n": 1}, task_id="p")
+        queue.schedule("plain", {"n": 2}, task_id="x", delay=600)
+        drain(worker)
+        assert queue.abort("x")
+        python = {i: queue.get(i) for i in ("r", "p", "x")}
+    out = run_node(
+        node,
+        server.url,
+        f"""
+        const q = new delayq.Queue({json.dumps(qname)});
+        const got = {{ r: await q.get('r'), p: await q.get('p'), x: await q.get('x') }};
+        await q.close();
+        return got;
+        """,
+    )
+    for tid, info in python.items():
+        assert info is not None
+        got = out[tid]
+        assert (got["state"], got["kind"], got["attempts"]) == (
+            info.state,
+            info.kind,
+            info.attempts,
+        )
+        assert (got["payload"], got["result"], got["maxAttempts"]) == (None, info.result, 0)
+        assert got["finishedAt"] is not None and got["createdAt"] is None
+        due = got["dueAt"] and datetime.fromisoformat(got["dueAt"].replace("Z", "+00:00"))
+        assert due == info.due_at
+    assert out["r"]["result"] == {"closed": 42} and out["p"]["result"] is None

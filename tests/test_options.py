@@ -229,6 +229,14 @@ def _judge(entry: Entry, name: str, hint: Any, value: Any, error: Exception | No
     return ""
 
 
+def _aborted(url: str, name: str) -> str:
+    """The id of an aborted task of queue ``name``: what wait() returns at once."""
+    with Queue(name, url=url) as queue:
+        queue.schedule("k", {}, task_id="w-aborted", delay=600)
+        queue.abort("w-aborted")
+    return "w-aborted"
+
+
 def _walk(entries: list[Entry]) -> None:
     """Each entry's baseline works, and each wrong value is refused (sync calls)."""
     failures: list[str] = []
@@ -318,6 +326,7 @@ def _queue_entries(queue: Any, url: str, client: Any) -> list[Entry]:
         Entry(f"{prefix}.abort", on_queue("abort"), {"task_id": "t-1"}),
         Entry(f"{prefix}.reschedule", on_queue("reschedule"), {"task_id": "t-1", "delay": 1}),
         Entry(f"{prefix}.get", on_queue("get"), {"task_id": "t-1"}),
+        Entry(f"{prefix}.wait", on_queue("wait"), {"task_id": _aborted(url, queue.name)}),
         Entry(f"{prefix}.page", on_queue("page"), {"state": "scheduled"}),
         Entry(f"{prefix}.replay", on_queue("replay"), {"ids": ["t-1"]}),
         Entry(f"{prefix}.purge_dead", on_queue("purge_dead"), {"ids": ["t-1"]}),

@@ -200,9 +200,14 @@ def test_what_old_scripts_schedule_a_current_worker_runs_once_and_current_reads_
 
     r = redis.Redis.from_url(server.url)
     try:
-        assert old.get(r, qname, "one")[0] == b"done"
-        attempt = old.get(r, qname, "m3")[4].split()
-        assert attempt[1] == b"1"  # "<token> <attempt> <due>": its first run
+        # A done task is a tombstone now: the old get reads its state and the tombstone,
+        # "<attempts> <ms from due to finish> <kind's code>", its attempts entry gone; and
+        # the old schedule still refuses its id within the dedupe window.
+        state, _, tomb, _, attempt = old.get(r, qname, "m3")
+        assert (state, attempt) == (b"done", None)
+        assert tomb.split()[0] == b"1" and tomb[:1].isdigit()  # its first run
+        again = [(i, "+0", record("old.run", "again")) for i in ("one", "m3")]
+        assert old.schedule(r, qname, again) == [0, 0]
         # and the old get reads what this delayq writes
         queue.schedule("new.kind", {"x": [1, 2]}, task_id="new", delay=60, headers={"h": "v"})
         state, score, rec, _, _ = old.get(r, qname, "new")

@@ -43,6 +43,7 @@ from delayq.settings import Given
 from delayq.shards import update_op
 from delayq.spec import TaskSpec
 from delayq.timing import ms_to_datetime
+from delayq.waits import wait_op
 
 NOW = 1_700_000_000_000
 CREATED = NOW - 7_200_000
@@ -740,7 +741,15 @@ OLD_DONE = S(  # finished records around the trim edge, plus a leased task to ac
     tasks={"o1": LEASED, "o2": LEASED, "o3": LEASED, "a": LEASED},
     errors={"o1": "flaky"},
 )
-ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
+# A done task's tombstone: attempt 1, its last run due 5,000 ms before it finished, and its
+# kind's code on the shard, 1 (lib/tombstone.lua); its attempts entry and error are gone.
+TOMB = b"1 5000 1"
+ACKED = S(done={"a": NOW}, tasks={"a": TOMB}, stats={"succeeded": 1})
+
+
+def keeping_records(c: QueueCore) -> QueueCore:
+    """The same queue shard, keeping whole records of finished tasks."""
+    return QueueCore(c.name, prefix=c.keys.prefix, dedupe_window=3600, keep_finished="record")
 
 
 @pytest.mark.parametrize(
@@ -758,7 +767,21 @@ ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
             ACTIVE,
             ack_op(("a", 7), discarded=True),
             [],
-            S(done={"a": NOW}, tasks={"a": LEASED}, stats={"discarded": 1}),
+            S(done={"a": NOW}, tasks={"a": TOMB}, stats={"discarded": 1}),
+        ),
+        Case(
+            "keep_finished='record' keeps the whole record, its attempts entry and error",
+            dc_replace(ACTIVE, errors={"a": "flaky"}),
+            ack_op(("a", 7), core=keeping_records),
+            [],
+            S(done={"a": NOW}, tasks={"a": LEASED}, errors={"a": "flaky"}, stats={"succeeded": 1}),
+        ),
+        Case(
+            "the tombstone keeps the last error of an earlier attempt, as trim will drop it",
+            dc_replace(ACTIVE, errors={"a": "flaky"}),
+            ack_op(("a", 7)),
+            [],
+            dc_replace(ACKED, errors={"a": "flaky"}),
         ),
         Case("a wrong token is refused and nothing changes", ACTIVE, ack_op(("a", 8)), ["a"]),
         Case(
@@ -792,7 +815,7 @@ ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
             [],
             S(
                 done={"o3": NOW - DEDUPE + 1, "a": NOW},
-                tasks={"o3": LEASED, "a": LEASED},
+                tasks={"o3": LEASED, "a": TOMB},
                 stats={"succeeded": 1},
             ),
         ),
@@ -803,7 +826,7 @@ ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
             [],
             S(
                 done={"o2": NOW - DEDUPE, "o3": NOW - DEDUPE + 1, "a": NOW},
-                tasks={"o2": LEASED, "o3": LEASED, "a": LEASED},
+                tasks={"o2": LEASED, "o3": LEASED, "a": TOMB},
                 stats={"succeeded": 1},
             ),
         ),
@@ -829,7 +852,7 @@ ACKED = S(done={"a": NOW}, tasks={"a": LEASED}, stats={"succeeded": 1})
             S(
                 done={"a": NOW},
                 active={"b": NOW + 1_000},
-                tasks={"a": LEASED, "b": dc_replace(LEASED, t=8)},
+                tasks={"a": TOMB, "b": dc_replace(LEASED, t=8)},
                 stats={"succeeded": 1},
             ),
         ),
@@ -1506,6 +1529,7 @@ def every_builder_once(core: QueueCore) -> list[Op[Any]]:
         core.replay(["a"], now_ms=NOW),
         core.purge_dead(before_ms=NOW),
         core.get("a"),
+        wait_op(core, "a", 1000),
         core.stats(now_ms=NOW),
         core.dead(),
         core.seek("dead", ("1", "a"), 10),
@@ -1614,18 +1638,19 @@ def test_every_script_header_matches_queue_keys_builders_and_body(queue: Queue) 
 
 def test_keys_and_args_refuses_missing_or_unknown_arguments() -> None:
     script, keys = SCRIPTS["get"], QueueKeys("q")
-    assert script.keys_and_args(keys, {"id": "a"}) == (
+    args = {"id": "a"}
+    assert script.keys_and_args(keys, args) == (
         [
             *(keys.scheduled, keys.active, keys.dead, keys.done, keys.tasks, keys.errors),
-            *(keys.attempts, keys.aborted, keys.cancelled),
+            *(keys.attempts, keys.aborted, keys.cancelled, keys.results, keys.kinds),
         ],
         ["a"],
     )
-    for bad in ({}, {"id": "a", "extra": 1}):
+    for bad in ({}, {**args, "extra": 1}):
         with pytest.raises(TypeError):
             script.keys_and_args(keys, bad)
     with pytest.raises(TypeError):
-        script.keys_and_args(keys, {"id": "a"}, ["variadic"])
+        script.keys_and_args(keys, args, ["variadic"])
 
 
 @pytest.mark.parametrize(

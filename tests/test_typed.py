@@ -317,6 +317,7 @@ def test_a_pydantic_model_and_a_msgspec_struct(queue: Queue, run_worker: RunWork
         port: int = 80
 
     invoice, ping = TaskType("invoice", Invoice), TaskType("ping", Ping)
+    queue = Queue(queue.name, url=queue.url, keep_finished="record")  # (payloads read below)
     worker = Worker(queue)
     seen: dict[str, Any] = {}
 
@@ -343,6 +344,7 @@ def test_a_pydantic_model_and_a_msgspec_struct(queue: Queue, run_worker: RunWork
     assert "payload does not match Ping (the type of 'ping')" in dead_reason(queue, "bad-ping")
     reason = dead_reason(queue, "bad-invoice")
     assert "payload does not match Invoice" in reason and "number:" in reason, reason
+    queue.close()
 
 
 def test_a_bad_payload_is_dead_with_the_reason_and_the_worker_goes_on(
@@ -498,6 +500,19 @@ async def handle_async(task: Task[CloseOrder]) -> None:
 @worker.handler("plain")
 def plain(task: Task) -> None:
     print(task.payload["anything"])
+
+
+closed = TaskType("order.closed", CloseOrder, result=str)
+
+
+@worker.handler(closed)
+def closing(task: Task[CloseOrder]) -> str:
+    return f"closed {task.payload.order_id}"
+
+
+@worker.handler(closed)
+async def closing_async(task: Task[CloseOrder]) -> str:
+    return "closed"
 """
 
 # What mypy says of a payload not of the type: the payload type is inferred from both
@@ -510,7 +525,10 @@ BAD = {
     "@worker.handler(close_order)\ndef nope(task: Task[CloseOrder]) -> None:\n"
     "    print(task.payload.nope)": '"CloseOrder" has no attribute "nope"  [attr-defined]',
     "@worker.handler(close_order)\ndef other(task: Task[Reminder]) -> None:\n"
-    "    print(task.payload)": 'expected "Callable[[Task[CloseOrder]], None]"  [arg-type]',
+    "    print(task.payload)": '"Callable[[Task[Reminder]], None]"; expected "Callable[[Task',
+    # The handler's return is checked against the TaskType's result type.
+    "@worker.handler(closed)\ndef counts(task: Task[CloseOrder]) -> int:\n"
+    "    return 1": '"Callable[[Task[CloseOrder]], int]"; expected "Callable[[Task',
 }
 
 

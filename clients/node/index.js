@@ -652,7 +652,13 @@ class Queue {
     validateTaskId(taskId);
     await this.check(false);
     const tag = this.tag(shardOf(taskId, this.n));
-    const args = { id: taskId, now: '', dedupe_ms: this.dedupeMs, trim_limit: TRIM_LIMIT };
+    const args = {
+      id: taskId,
+      now: '',
+      dedupe_ms: this.dedupeMs,
+      trim_limit: TRIM_LIMIT,
+      finished: this.key(tag, 'finished_channel'),
+    };
     return Number(await this.call('cancel', tag, args)) === 1;
   }
 
@@ -666,14 +672,28 @@ class Queue {
     return Number(await this.call('reschedule', tag, { ...args, due: dueSpec(delay, at) })) === 1;
   }
 
-  /** A task as the queue holds it, or null for an unknown id. */
+  /**
+   * A task as the queue holds it, or null for an unknown id. A done or aborted task answers
+   * from its tombstone (protocol 1.1) unless its queue keeps whole records: its state,
+   * finishedAt, attempts, kind and dueAt (its last run's, to the ms); payload null,
+   * maxAttempts 0, createdAt null, headers {}. result: what a done task's handler returned
+   * (null: nothing).
+   */
   async get(taskId) {
     validateTaskId(taskId);
     await this.check(false);
     const reply = await this.call('get', this.tag(shardOf(taskId, this.n)), { id: taskId });
     if (!reply) return null;
-    const [state, score, record, error, attempt] = reply;
+    const [state, score, record, error, attempt, stored] = reply;
     const when = Number(score);
+    let result = null;
+    if (stored) {
+      try {
+        result = JSON.parse(stored);
+      } catch {
+        result = stored;
+      }
+    }
     if (state === 'cancelled') {
       // Only a tombstone is left: the id and when it was cancelled, as Python's get says.
       return {
@@ -689,6 +709,28 @@ class Queue {
         leaseDeadline: null,
         finishedAt: msToDate(when),
         headers: {},
+        result: null,
+      };
+    }
+    const finishedAt =
+      state === 'done' || state === 'dead' || state === 'aborted' ? msToDate(when) : null;
+    const tomb = (state === 'done' || state === 'aborted') && /^(\d+) (-?\d*) (.*)$/s.exec(record);
+    if (tomb) {
+      return {
+        id: taskId,
+        kind: tomb[3],
+        payload: null,
+        state,
+        dueAt: tomb[2] !== '' ? msToDate(when - Number(tomb[2])) : null,
+        attempts: Number(tomb[1]),
+        maxAttempts: 0,
+        lastError: error || null,
+        createdAt: null,
+        leaseDeadline: null,
+        finishedAt,
+        headers: {},
+        priority: 0,
+        result,
       };
     }
     const nl = record.indexOf('\n');
@@ -719,9 +761,10 @@ class Queue {
       lastError,
       createdAt: header && header.c ? msToDate(header.c) : null,
       leaseDeadline: state === 'active' ? msToDate(when) : null,
-      finishedAt: state === 'done' || state === 'dead' || state === 'aborted' ? msToDate(when) : null,
+      finishedAt,
       headers: header && header.h ? header.h : {},
       priority: header && Number.isInteger(header.p) && header.p >= 1 && header.p <= 9 ? header.p : 0,
+      result,
     };
   }
 

@@ -100,6 +100,7 @@ def task_dict(info: TaskInfo) -> dict[str, Any]:
         "lease_deadline": _iso(info.lease_deadline),
         "finished_at": _iso(info.finished_at),
         "last_error": info.last_error,
+        "result": info.result,
     }
 
 

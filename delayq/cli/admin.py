@@ -371,6 +371,8 @@ def _show(info: TaskInfo, now: datetime) -> None:
     for i, (name, value) in enumerate(sorted(info.headers.items())):
         click.echo(f"{'headers' if i == 0 else '':>12}  {one_line(name)}: {one_line(value)}")
     click.echo(f"{'payload':>12}  " + payload_text(info.payload).replace("\n", "\n" + " " * 14))
+    if info.result is not None:
+        click.echo(f"{'result':>12}  " + payload_text(info.result).replace("\n", "\n" + " " * 14))
     if info.last_error:
         click.echo(f"{'last error':>12}  " + safe(info.last_error).replace("\n", "\n" + " " * 14))
 

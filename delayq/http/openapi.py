@@ -192,6 +192,7 @@ _TASK = {
         "lease_deadline",
         "finished_at",
         "last_error",
+        "result",
     ],
     "properties": {
         "id": {"type": "string"},
@@ -208,6 +209,10 @@ _TASK = {
         "lease_deadline": _NULLABLE_ISO,
         "finished_at": _NULLABLE_ISO,
         "last_error": {"type": ["string", "null"]},
+        "result": {
+            "description": "What a done task's handler returned (null: nothing); a done or "
+            "aborted task's payload is null unless its queue keeps whole records"
+        },
     },
 }
 

@@ -3,6 +3,7 @@
 -- KEYS[2] tasks
 -- KEYS[3] errors
 -- KEYS[4] attempts
+-- KEYS[5] kinds
 -- ARGV[1] offset
 -- ARGV[2] limit
 -- REPLY per task {id, score, record, error, attempt}

@@ -1,4 +1,5 @@
--- get: one task's state, score, record and last error (read-only).
+-- get: one task's state, score, record (or a finished task's tombstone), last error and
+-- result (read-only).
 -- KEYS[1] scheduled
 -- KEYS[2] active
 -- KEYS[3] dead
@@ -8,24 +9,19 @@
 -- KEYS[7] attempts
 -- KEYS[8] aborted
 -- KEYS[9] cancelled
+-- KEYS[10] results
+-- KEYS[11] kinds
 -- ARGV[1] id
--- REPLY {state, score, record, error, attempt} | nil
+-- REPLY {state, score, record, error, attempt, result} | nil
 -- Returns: {state, score, record, last error or false, attempt state ("<token> <attempt>
---          <due>") or false} or false when the id is unknown.
+--          <due>") or false, result or false} or false when the id is unknown.
 --          score: due time (scheduled), lease deadline (active), time of death, finish,
---          abort or cancel. A task cancelled within the dedupe window, of which only a
---          tombstone is left, is {"cancelled", time of the cancel, "", false, false}; a task
---          under its id since then (scheduled again) is answered instead.
-local rec = redis.call('HGET', K.tasks, A.id)
-if not rec then
-  local cancelled = K.cancelled and redis.call('ZSCORE', K.cancelled, A.id)
-  if cancelled then return {'cancelled', cancelled, '', false, false} end
-  return false
-end
-local err = redis.call('HGET', K.errors, A.id)
-local attempt = redis.call('HGET', K.attempts, A.id)
-for _, state in ipairs({'scheduled', 'active', 'dead', 'done', 'aborted'}) do
-  local score = redis.call('ZSCORE', K[state], A.id)
-  if score then return {state, score, rec, err, attempt} end
-end
-return false
+--          abort or cancel. record: a done or aborted task's tombstone ("<attempts> <ms
+--          from its last due time to its finish> <kind>", starting with a digit) unless the
+--          queue keeps whole records (protocol 1.1). result (protocol 1.1): what a done
+--          task's handler returned, JSON text. A task cancelled within the dedupe window, of
+--          which only a tombstone is left, is {"cancelled", time of the cancel, "", false,
+--          false, false}; a task under its id since then (scheduled again) is answered
+--          instead. A 1.0 caller reads the first five alone: they are where they were.
+--@include lookup
+return dq_lookup(K, A.id)

@@ -13,19 +13,22 @@
 -- KEYS[5] errors
 -- KEYS[6] stats
 -- KEYS[7] attempts
--- KEYS[8] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
+-- KEYS[8] waits
+-- KEYS[9] *history   this ten minutes' hash of the dashboard's history (QueueKeys.history)
 -- ARGV[1] now        ms, or "" for the server's TIME
 -- ARGV[2] channel    wake-up channel
 -- ARGV[3] grace_ms   how long since the task fell due it is handed back before it is buried
 -- ARGV[4] first_ms   the first hand-back's wait
 -- ARGV[5] most_ms    the longest wait
--- ARGV[6] history    ms to keep the history's hash from now (0: keep no history); a burial
+-- ARGV[6] finished   the finished channel: buried ids someone waits for are published there
+-- ARGV[7] history    ms to keep the history's hash from now (0: keep no history); a burial
 --                    counts as dead there, as bury's do
--- ARGV[7] lateness   "" (no handler started)
--- ARGV[8...] tasks   triples: id, lease token, reason (no handler for its kind here)
+-- ARGV[8] lateness   "" (no handler started)
+-- ARGV[9...] tasks   triples: id, lease token, reason (no handler for its kind here)
 -- REPLY per task {id, status, waited}
 -- Returns: per task its id, its status (0: refused, the lease was lost; 1: handed back;
 --          2: buried) and waited (ms since it first fell due with no handler; 0 if refused).
+--@include announce
 --@include argv
 --@include attempt
 --@include attempt_text
@@ -43,8 +46,8 @@ local grace = tonumber(A.grace_ms)
 local first, most = tonumber(A.first_ms), tonumber(A.most_ms)
 local old_head = dq_head(K.scheduled)
 local min_due = false
-local out = {}
-local n, buried = 0, 0
+local out, buried = {}, {}
+local n = 0
 local ids, tokens, reasons = dq_columns(REST, 3)
 local held = dq_held(K, ids, tokens, now, true)
 for j, id in ipairs(ids) do
@@ -65,8 +68,8 @@ for j, id in ipairs(ids) do
       dq_bury(K, id, now, string.format(
         '%s; handed back for %d s since it fell due, and unknown_kind_grace is %d s',
         reasons[j], math.floor(waited / 1000), math.floor(grace / 1000)))
+      buried[#buried + 1] = id
       status = 2
-      buried = buried + 1
     else
       local wait = math.min(math.max(waited, first), most)
       min_due = dq_requeue(K, id, now + wait, min_due)
@@ -80,6 +83,7 @@ for j, id in ipairs(ids) do
   out[#out + 1] = waited
 end
 if n > 0 then redis.call('HINCRBY', K.stats, 'unknown_kind', n) end
-dq_history(K, now, A.history, 'x', buried, A.lateness)
+dq_history(K, now, A.history, 'x', #buried, A.lateness)
 dq_wake(A.channel, old_head, min_due)
+dq_announce(K, A.finished, buried, nil)
 return out

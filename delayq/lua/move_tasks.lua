@@ -8,9 +8,10 @@
 -- KEYS[6] aborted
 -- KEYS[7] control
 -- KEYS[8] prio
+-- KEYS[9] kinds
 -- ARGV[1] mode   "put": add the tasks to the set with their records; "drop": forget them
 -- ARGV[2] state  "scheduled", "done" or "aborted": the set they are in
--- ARGV[3...] tasks  put: quintuples id, score, record, last error ("": none), attempt
+-- ARGV[3...] tasks  put: quintuples id, score, record (a tombstone as get replies it), last error ("": none), attempt
 --                   state ("": none); drop: ids
 -- REPLY count
 -- Returns: how many tasks were put or dropped.
@@ -19,16 +20,17 @@
 --@include prio_of
 --@include prio_put
 --@include record
+--@include tombstone_store
 if A.state ~= 'scheduled' and A.state ~= 'done' and A.state ~= 'aborted' then
   return redis.error_reply('move_tasks: unknown state ' .. tostring(A.state))
 end
 local set = K[A.state]
 if A.mode == 'put' then
-  local n = 0
+  local n, codes = 0, {}
   for i = REST, #ARGV - 4, 5 do
     local id = ARGV[i]
     redis.call('ZADD', set, ARGV[i + 1], id)
-    redis.call('HSET', K.tasks, id, ARGV[i + 2])
+    redis.call('HSET', K.tasks, id, dq_tombstone_store(K, ARGV[i + 2], codes))
     if A.state == 'scheduled' then
       local p = dq_prio_of(dq_split(ARGV[i + 2]))
       if p then dq_prio_put(K, id, p, tonumber(ARGV[i + 1])) end
@@ -53,6 +55,13 @@ elseif A.mode == 'drop' then
   redis.call('ZREM', set, unpack(ids))
   if A.state == 'scheduled' then redis.call('ZREM', K.prio, unpack(ids)) end
   dq_forget(K, ids)
+  -- The shard's kinds' codes go with its last finished task (field by field: the documented
+  -- least-privilege ACL user has no DEL).
+  if redis.call('ZCARD', K.done) == 0 and redis.call('ZCARD', K.aborted) == 0 then
+    local all, fields = redis.call('HGETALL', K.kinds), {}
+    for i = 1, #all, 2 do fields[#fields + 1] = all[i] end
+    if #fields > 0 then redis.call('HDEL', K.kinds, unpack(fields)) end
+  end
   return #ids
 end
 return redis.error_reply('move_tasks: unknown mode ' .. tostring(A.mode))

@@ -4,6 +4,7 @@
 -- KEYS[3] tasks
 -- KEYS[4] errors
 -- KEYS[5] attempts
+-- KEYS[6] kinds
 -- ARGV[1] state      "scheduled" (by due time) or "active" (by lease deadline)
 -- ARGV[2] offset
 -- ARGV[3] limit

@@ -11,6 +11,7 @@
 -- KEYS[6] errors
 -- KEYS[7] attempts
 -- KEYS[8] aborted
+-- KEYS[9] kinds
 -- ARGV[1] state   "scheduled", "active", "done", "aborted" (ascending) or "dead" (descending)
 -- ARGV[2] score   the cursor's score as a reply gave it; "" for the first page
 -- ARGV[3] id      the cursor's id (members of one score are in byte order, as in the set)

@@ -56,7 +56,7 @@ def reply_layout(reply: Reply) -> dict[str, Any]:
 
 def key_suffixes() -> dict[str, str]:
     """Each key attribute a header may name -> the suffix after ``<prefix>:{<tag>}:``
-    (the manifest lists those of the exported scripts, and the wake channel)."""
+    (the manifest lists those of the exported scripts, and the wake and finished channels)."""
     return {
         name: str(value.suffix) for name, value in vars(QueueKeys).items() if isinstance(value, Key)
     }
@@ -67,6 +67,7 @@ def manifest(names: tuple[str, ...] = PRODUCER_SCRIPTS) -> dict[str, Any]:
     each script its name, file, SHA-1, KEYS, ARGV (and the variadic tail's name) and reply."""
     suffixes = key_suffixes()
     used = {k for n in names for k in SCRIPTS[n].key_names} | {"wake_channel"}
+    used |= {"finished_channel"}  # (protocol 1.1: cancel tells whoever waits, on it)
     return {
         "protocol": PROTOCOL_VERSION,
         "key_format": "<prefix>:{<tag>}:<suffix>",

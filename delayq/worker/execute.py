@@ -29,7 +29,14 @@ from types import TracebackType
 from typing import Any
 
 from delayq.backoff import delay_for
-from delayq.codec import Codec, RecordError, decode_headers, decode_payload
+from delayq.codec import (
+    Codec,
+    RecordError,
+    decode_headers,
+    decode_payload,
+    encode_result,
+    tombstone_prefix,
+)
 from delayq.errors import InvalidTaskError
 from delayq.leasing import Claimed
 from delayq.logs import CURRENT
@@ -119,6 +126,8 @@ class Executor:
         self.registry = ctx.registry
         self.queue = ctx.core.name
         self.codecs = ctx.core.codecs
+        self.max_result = ctx.core.max_result
+        self.now_ms = ctx.now_ms
         self.events = ctx.events
         self.invoke = ctx.invoke
         self.call = ctx.call  # without the middleware: for the internal handlers
@@ -254,9 +263,9 @@ class Executor:
                 self.emit("started", claimed, lateness=late)
             try:
                 if handler.is_async and handler.timeout is None and (self.bare or handler.internal):
-                    await handler.fn(task)  # the usual case, one coroutine frame fewer
+                    value = await handler.fn(task)  # the usual case, one coroutine frame fewer
                 else:
-                    await self._call(handler, task)
+                    value = await self._call(handler, task)
             except asyncio.CancelledError as e:
                 if _cancelled_by_us():
                     self._stopped(claimed, task, time.perf_counter() - t0)
@@ -271,13 +280,37 @@ class Executor:
                     raise asyncio.CancelledError(f"task {task.id} was aborted") from None
                 took = time.perf_counter() - t0
                 return await self._failed(handler, task, claimed, e, took, late)
-            if self.events.listeners:
-                self.emit("succeeded", claimed, duration=time.perf_counter() - t0)
-            if log.isEnabledFor(FINISHED):
-                self._finished(claimed, task, time.perf_counter() - t0)
-            return Outcome("ack", task.id, task.token, "", "", claimed.shard, late)
+            value = None if handler.internal else value
+            return await self._succeeded(task, claimed, value, time.perf_counter() - t0, late)
         finally:
             CURRENT.reset(reset)  # (drain() runs attempts one after another in one context)
+
+    async def _succeeded(
+        self, task: Task, claimed: Claimed, value: Any, took: float, late: float
+    ) -> Outcome:
+        """A handler returned ``value``: kept as its result, or dead when it cannot be (not
+        JSON, or over the queue's max_result)."""
+        result = ""
+        if value is not None:
+            try:
+                result = encode_result(value, self.max_result)
+            except InvalidTaskError as e:
+                return await self._bury(task, claimed, str(e), took, late=late)
+        if self.events.listeners:
+            self.emit("succeeded", claimed, duration=took)
+        if log.isEnabledFor(FINISHED):
+            self._finished(claimed, task, took)
+        tomb = self._tomb(claimed)
+        return Outcome(
+            "ack", task.id, task.token, "", "", claimed.shard, late, task.kind, result, tomb
+        )
+
+    def _tomb(self, claimed: Claimed) -> str:
+        """A finished task's tombstone but its kind's code: "<attempt> <ms from its due time
+        to now> " (lib/tombstone.lua), made here so the server's one thread does no string
+        work for it."""
+        h = claimed.header
+        return tombstone_prefix(h.attempts, h.due_ms, self.now_ms())
 
     def _lateness(self, claimed: Claimed) -> float:
         """Its start's lateness (s), on the clock its due time is on (for the dashboard's
@@ -288,11 +321,10 @@ class Executor:
         virtual = self.virtual
         return (time.time() if virtual is None else virtual.now_ms() / 1000) - due_ms / 1000
 
-    async def _call(self, handler: Handler, task: Task) -> None:
+    async def _call(self, handler: Handler, task: Task) -> Any:
         if handler.internal:  # cron, expiry: they invoke the user's function themselves
-            await self.call(handler, task)
-        else:
-            await self.invoke(handler, task)
+            return await self.call(handler, task)
+        return await self.invoke(handler, task)
 
     def _hand_back(self, claimed: Claimed) -> Outcome:
         """A kind with no handler here: handed back (or, its grace over, buried: the write
@@ -345,7 +377,10 @@ class Executor:
         if v.outcome == "discarded":
             log.info("task %s (%s) discarded: %s", task.id, task.kind, v.error, extra=fields)
             self.emit("discarded", claimed, duration=duration)
-            return Outcome("discard", task.id, task.token, "", "", claimed.shard, late)
+            tomb = self._tomb(claimed)
+            return Outcome(
+                "discard", task.id, task.token, "", "", claimed.shard, late, task.kind, "", tomb
+            )
         unexpected = v.failed and v.reason is None  # not Fail: the traceback is the text
         exc = from_handler(e)
         text = "".join(traceback.format_exception(*exc)) if unexpected else v.error

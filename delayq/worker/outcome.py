@@ -40,6 +40,10 @@ class Outcome(NamedTuple):
     text: str = ""  # retry: error; bury, handback: reason
     shard: int = 0  # of its queue: the one it was claimed from (Claimed.shard)
     late: float = -1.0  # seconds from its due time to its handler's start; -1: never started
+    kind: str = ""  # ack, discard: the task's kind, for its tombstone
+    result: str = ""  # ack: what the handler returned, as JSON text ("" for None)
+    # ack, discard: the tombstone's "<attempt> <ms from due to finish> " (leasing.ack)
+    tomb: str = ""
 
 
 def outcome_op(
@@ -50,7 +54,10 @@ def outcome_op(
     if action in ("ack", "discard"):
         leases = [(o.id, o.token) for o in items]
         late = [o.late for o in items]
-        return leasing.ack(core, leases, discarded=action == "discard", lateness=late)
+        finished = [(o.tomb, o.kind, o.result) for o in items]
+        return leasing.ack(
+            core, leases, discarded=action == "discard", lateness=late, finished=finished
+        )
     if action == "retry":
         rows = [(o.id, o.token, o.due, o.text) for o in items]
         return leasing.retry(core, rows, lateness=[o.late for o in items])

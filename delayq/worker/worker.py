@@ -50,7 +50,8 @@ from delayq.worker.supervise import Supervisor
 from delayq.worker.threads import HandlerThreads
 
 P = TypeVar("P")  # a typed task's payload type
-T = TypeVar("T")  # what its handler returns
+R = TypeVar("R")  # its result type (TaskType[P, R]): what its handler returns
+TypedFn = Callable[[Task[P]], R | Awaitable[R]]  # a typed task's handler
 
 if TYPE_CHECKING:
     from delayq.worker.features.cron import Schedules
@@ -145,7 +146,7 @@ class Worker:
     @overload
     def handler(
         self,
-        kind: TaskType[P, Any],
+        kind: TaskType[P, R],
         *,
         max_attempts: int | None = None,
         backoff: Any = None,
@@ -153,7 +154,7 @@ class Worker:
         timeout: float | timedelta | None = None,
         concurrency: int | None = None,
         queue: QueueLike | str | None = None,
-    ) -> Callable[[Callable[[Task[P]], T]], Callable[[Task[P]], T]]: ...
+    ) -> Callable[[TypedFn[P, R]], TypedFn[P, R]]: ...
 
     @overload
     def handler(
@@ -194,8 +195,7 @@ class Worker:
                 ``TimeoutError`` (default: no limit).
             concurrency: at most this many tasks of ``kind`` held by this worker at once
                 (running or claimed); the rest stay scheduled, for other workers.
-            queue: the worker's queue (or its name) whose tasks of ``kind`` it runs; by
-                default every queue of the worker's (the only one, usually).
+            queue: the worker's queue (or its name) it runs ``kind`` on (default: all).
         """
         lanes = self.lanes if queue is None else (lane_of(self.lanes, queue),)
         given = {"max_attempts": max_attempts, "timeout": timeout, "backoff": backoff}

@@ -7,7 +7,6 @@ import pickle
 
 import pytest
 
-from delayq.core import ShardCheck
 from delayq.errors import (
     STATUS_ERRORS,
     ConfigurationError,
@@ -18,6 +17,7 @@ from delayq.errors import (
     raise_for,
 )
 from delayq.scripts import SCRIPTS
+from delayq.settings import ShardCheck
 from delayq.shards import Shards
 
 

@@ -14,7 +14,7 @@ from redis.exceptions import MovedError, NoScriptError, ResponseError
 
 import delayq.base
 from delayq import Queue
-from delayq.core import Op, QueueCore, ShardCheck
+from delayq.core import Op, QueueCore
 from delayq.errors import ConnectionFailed, DurabilityError, ScriptError
 from delayq.runner import (
     Call,
@@ -30,6 +30,7 @@ from delayq.runner import (
     batch_plan,
     cluster_trip_plan,
 )
+from delayq.settings import ShardCheck
 from delayq.timing import ms_to_datetime
 
 # (what the step must equal, or a check of it; what it replies: a value, or an exception

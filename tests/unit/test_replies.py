@@ -181,5 +181,5 @@ def test_rows_and_lengths_follow_the_declaration() -> None:
         list(reply.rows([0, 1, 2, 3, 9]))  # half a row
     assert reply.matches([0, 9]) and not reply.matches([0]) and not reply.matches(None)
     get = SCRIPTS["get"].reply
-    assert get.matches(None) and get.matches([b"scheduled", 1, b"r", None, None])
+    assert get.matches(None) and get.matches([b"scheduled", 1, b"r", None, None, None])
     assert SCRIPTS["cancel"].reply.matches(1) and not SCRIPTS["cancel"].reply.matches([1])

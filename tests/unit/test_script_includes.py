@@ -88,7 +88,7 @@ def test_includes_are_expanded_recursively_in_place_each_lib_once() -> None:
 def test_a_script_without_includes_is_its_text() -> None:
     text = "-- KEYS[1] x\nreturn 1\n"
     assert expand("s", text, dict[str, str]().__getitem__) == text
-    assert SCRIPTS["get"].source.endswith(lua("get.lua"))
+    assert SCRIPTS["shards"].source.endswith(lua("shards.lua"))
 
 
 @pytest.mark.parametrize(

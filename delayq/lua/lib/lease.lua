@@ -23,5 +23,5 @@ local function dq_held(k, ids, tokens, now, consumes)
     end
     held[j] = h
   end
-  return held
+  return held, states
 end
