@@ -34,6 +34,7 @@ def test_the_java_example_schedules_cancels_and_reschedules(
 ) -> None:
     api = api_process()
     ran: dict[str, tuple[float, float]] = {}  # id -> (when it ran, its due time), epoch s
+    payloads: dict[str, Any] = {}  # id -> the payload its handler got
     lock = threading.Lock()
     with Queue(qname, url=server.url) as q:
         worker = Worker(q, concurrency=4)
@@ -42,6 +43,7 @@ def test_the_java_example_schedules_cancels_and_reschedules(
         def close(task: Any) -> None:
             with lock:
                 ran[task.id] = (time.time(), task.due_at.timestamp())
+                payloads[task.id] = task.payload
 
         with run_worker(worker):
             started = time.time()
@@ -74,4 +76,6 @@ def test_the_java_example_schedules_cancels_and_reschedules(
         # at its new time (4 s after the PATCH), not the hour first asked for
         assert started + 4 <= due <= patched + 4 + 1 and when < due + 30, (started, due, when)
         info = q.get("order-close:1003")
-        assert info is not None and info.state == "done" and info.payload == {"order_id": 1003}
+        # (a done task keeps a tombstone, not its payload: issue 30)
+        assert info is not None and info.state == "done"
+        assert payloads["order-close:1003"] == {"order_id": 1003}
