@@ -66,6 +66,14 @@ class Given(NamedTuple):
     max_payload: int | None = None
     codec: str | None = None
 
+    def but_not(self, other: Given) -> Given:
+        """These arguments, less those ``other`` gives (they are stored now)."""
+        return Given(
+            None if other.dedupe_window is not None else self.dedupe_window,
+            None if other.max_payload is not None else self.max_payload,
+            None if other.codec is not None else self.codec,
+        )
+
 
 class Stored(NamedTuple):
     """The settings as a script answers them (``shards.lua``, ``settings.lua``): each as
@@ -74,6 +82,10 @@ class Stored(NamedTuple):
     dedupe_ms: str = ""
     max_payload: str = ""
     codec: str = ""
+
+    def shown(self) -> str:
+        """The fields as a message shows them."""
+        return repr(dict(zip(("dedupe_ms", "max_payload", "codec"), self, strict=True)))
 
 
 NOTHING_STORED = Stored()
@@ -139,7 +151,7 @@ def _stored_values(queue: str, stored: Stored) -> dict[str, Any]:
             out["codec"] = stored.codec
     except (ValueError, InvalidTaskError):
         raise ConfigurationError(
-            f"queue {queue!r} stores settings delayq did not write ({dict(stored._asdict())}): "
+            f"queue {queue!r} stores settings delayq did not write ({stored.shown()}): "
             f"set them again with `delayq settings -q {queue}`"
         ) from None
     return out

@@ -20,7 +20,6 @@ from delayq.keys import MAX_SHARDS, shard_of
 from delayq.protocol import version as protocol
 from delayq.scripts import Arg
 from delayq.settings import (
-    NAMES,
     NOT_GIVEN,
     NOTHING_STORED,
     Given,
@@ -186,9 +185,7 @@ class Shards:
         if isinstance(stored, int):
             raise_for("settings", stored, queue=self.home.name, key=self.root.keys.shards)
             raise ValueError(f"settings.lua answered {stored}")  # (no other status)
-        self.given = self.given._replace(
-            **{n: None for n in NAMES if getattr(updated, n) is not None}
-        )
+        self.given = self.given.but_not(updated)
         self.adopt(stored)
         return self.settings
 
