@@ -12,7 +12,8 @@ The subscription is made before the look, so a task that finishes in between is 
 to a listener already there. One subscription (one connection) serves every wait of a queue
 object, opened by its first wait and kept until ``close()``; the waiting threads (or
 coroutines) take turns reading it. A message lost with the connection is made up for by a
-look (``get``) of every wait then in progress, once the subscription is back.
+look (``get``) of every wait then in progress, once the subscription is back: redis-py
+connects and subscribes again by itself, and the server's new confirmation tells.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 from delayq.core import Op, QueueCore
 from delayq.errors import TaskNotFound
@@ -43,6 +45,8 @@ MAX_WAIT_S = 86_400.0 * 366
 # Script calls of one async queue's waits at once: a thousand waits gathered take turns
 # rather than ask the client's pool for a thousand connections (it has 100 by default).
 CALLS_AT_ONCE = 16
+# How long a subscription's confirmation is waited for.
+SUBSCRIBE_S = 10.0
 
 
 def wait_ms(timeout: float) -> int:
@@ -87,7 +91,7 @@ def read_message(data: Any, core_of: Callable[[str], QueueCore]) -> tuple[str, T
     )
 
 
-class _Board:
+class Board:
     """What the waits of one queue object share: the messages read for ids waited on, and
     the count of subscriptions lost (a wait that sees it change looks at its task again)."""
 
@@ -111,8 +115,43 @@ class _Board:
             self.waiting.pop(tid, None)
             self.arrived.pop(tid, None)
 
+    def quiet(self, step: Turn) -> bool:
+        """Whether nothing came for the turn's id, and no subscription was lost, since the
+        wait last looked: then its turn reads (or subscribes again)."""
+        return self.arrived.get(step.tid, (0, None))[0] == step.seen and self.lost == step.lost
+
+    def news(self, tid: str) -> tuple[int, TaskInfo | None, int]:
+        """(messages for the id so far, the last one's task, subscriptions lost so far)."""
+        count, info = self.arrived.get(tid, (0, None))
+        return count, info, self.lost
+
+    def confirms(self, message: Any, channel: str) -> bool:
+        """Whether the message confirms the subscription to the channel (then it is noted);
+        any other is posted."""
+        if (
+            message
+            and message.get("type") == "subscribe"
+            and _text(message.get("channel")) == channel
+        ):
+            self.channels.add(channel)
+            return True
+        self.post(message)
+        return False
+
+    def drop(self) -> None:
+        """The subscription's connection went: every wait looks at its task again."""
+        self.channels.clear()
+        self.lost += 1
+
     def post(self, message: Any) -> None:
-        if not message or message.get("type") != "message":
+        if not message:
+            return
+        if message.get("type") == "subscribe" and _text(message.get("channel")) in self.channels:
+            # redis-py's PubSub connected again and subscribed again by itself: what was
+            # published in between is lost, so every wait looks at its task again
+            self.lost += 1
+            return
+        if message.get("type") != "message":
             return
         try:
             tid, info = read_message(message["data"], self.core_of)
@@ -122,12 +161,85 @@ class _Board:
             self.arrived[tid] = (self.arrived.get(tid, (0, None))[0] + 1, info)
 
 
+@dataclass(frozen=True)
+class Look:
+    """A step of the plan: run this op (wait.lua or get.lua) and send back its TaskInfo."""
+
+    op: Op[TaskInfo | None]
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """A step of the plan: be subscribed to the channel, under the waits' lock."""
+
+    channel: str
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A step of the plan: take the waits' lock within ``timeout`` (else send back None); if
+    nothing came for ``tid`` since its ``seen``-th message and no subscription was lost
+    since ``lost``, read the subscription for up to ``timeout`` (or subscribe again); then
+    send back ``board.news(tid)``."""
+
+    channel: str
+    tid: str
+    seen: int
+    lost: int
+    timeout: float
+
+
+Step = Look | Subscribe | Turn
+
+
+def wait_plan(
+    board: Board, core: QueueCore, tid: str, wait_for: Duration, clock: Callable[[], float]
+) -> Generator[Step, Any, TaskInfo]:
+    """One wait, sync or async alike: the steps it takes, the drivers (SyncWaits,
+    AsyncWaits) doing the I/O. Returns the finished task, or raises TaskNotFound (unknown or
+    cancelled) or TimeoutError."""
+    timeout = seconds(wait_for, "timeout")
+    channel = core.keys.finished_channel
+    end = clock() + timeout
+    yield Subscribe(channel)  # before the look: a finish in between is heard
+    lost, seen = board.lost, 0
+    info = yield Look(wait_op(core, tid, wait_ms(timeout)))
+    while not finished(info, tid, core):
+        left = end - clock()
+        if left <= 0:
+            info = yield Look(core.get(tid))  # the capped look for a lost message
+            if finished(info, tid, core):
+                break
+            raise TimeoutError(
+                f"task {tid!r} of queue {core.name!r} is still {info.state} after {timeout} s"
+            )
+        news = yield Turn(channel, tid, seen, lost, min(left, TURN_S))
+        if news is None:
+            continue  # another wait's turn
+        count, message, now_lost = news
+        got, seen = count != seen, count
+        relook, lost = now_lost != lost, now_lost
+        if got and message is not None:
+            info = message
+        elif got or relook:
+            info = yield Look(core.get(tid))
+    return info
+
+
+def finished(info: TaskInfo | None, tid: str, core: QueueCore) -> TypeGuard[TaskInfo]:
+    """Whether the wait is over with ``info``; raises TaskNotFound for an unknown or
+    cancelled (a cancel's tombstone) id."""
+    if info is None or info.state == "cancelled":
+        raise unknown(tid, core.name)
+    return info.state in FINISHED
+
+
 class SyncWaits:
     """Waits of a :class:`~delayq.Queue`: one subscription, read in turns by the threads."""
 
     def __init__(self, client: Any, core_of: Callable[[str], QueueCore]) -> None:
         self._client = client
-        self._board = _Board(core_of)
+        self._board = Board(core_of)
         self._lock = threading.Lock()
         self._pubsub: Any = None
 
@@ -145,14 +257,11 @@ class SyncWaits:
         if self._pubsub is None:
             self._pubsub = self._client.pubsub()
         self._pubsub.subscribe(channel)
-        end = time.monotonic() + 10
+        end = time.monotonic() + SUBSCRIBE_S
         while time.monotonic() < end:
-            m = self._pubsub.get_message(timeout=1.0)
-            if m and m.get("type") == "subscribe" and _text(m.get("channel")) == channel:
-                self._board.channels.add(channel)
+            if self._board.confirms(self._pubsub.get_message(timeout=1.0), channel):
                 return
-            self._board.post(m)
-        raise TimeoutError(f"no confirmation of the subscription to {channel!r}")
+        raise unconfirmed(channel)
 
     def _read(self, timeout: float) -> None:
         try:
@@ -161,8 +270,20 @@ class SyncWaits:
             with contextlib.suppress(Exception):
                 self._pubsub.close()
             self._pubsub = None
-            self._board.channels.clear()
-            self._board.lost += 1
+            self._board.drop()
+
+    def _turn(self, step: Turn) -> tuple[int, TaskInfo | None, int] | None:
+        if not self._lock.acquire(timeout=step.timeout):
+            return None
+        try:
+            if self._board.quiet(step):
+                if step.channel not in self._board.channels:
+                    self._subscribe(step.channel)
+                else:
+                    self._read(step.timeout)
+            return self._board.news(step.tid)
+        finally:
+            self._lock.release()
 
     def wait(
         self,
@@ -171,55 +292,26 @@ class SyncWaits:
         wait_for: Duration,
         run: Callable[[Any], TaskInfo | None],
     ) -> TaskInfo:
-        timeout = seconds(wait_for, "timeout")
-        for_ms = wait_ms(timeout)
-        channel = core.keys.finished_channel
-        board = self._board
-        end = time.monotonic() + timeout
+        plan = wait_plan(self._board, core, tid, wait_for, time.monotonic)
         with self._lock:
-            board.enter(tid)
+            self._board.enter(tid)
         try:
-            with self._lock:
-                self._subscribe(channel)
-                lost, seen = board.lost, 0
-            info = run(wait_op(core, tid, for_ms))
+            reply: Any = None
             while True:
-                if info is None or info.state == "cancelled":  # (a cancel's tombstone)
-                    raise unknown(tid, core.name)
-                if info.state in FINISHED:
-                    return info
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                if not self._lock.acquire(timeout=min(left, TURN_S)):
-                    continue
-                try:
-                    if board.arrived.get(tid, (0, None))[0] == seen and board.lost == lost:
-                        if channel not in board.channels:
-                            self._subscribe(channel)
-                        else:
-                            self._read(min(left, TURN_S))
-                    count, message = board.arrived.get(tid, (0, None))
-                    got, seen = count != seen, count
-                    relook = board.lost != lost
-                    lost = board.lost
-                finally:
-                    self._lock.release()
-                if got and message is not None:
-                    info = message
-                elif got or relook:
-                    info = run(core.get(tid))
-            info = run(core.get(tid))  # the capped look for a lost message
-            if info is None or info.state == "cancelled":  # (a cancel's tombstone)
-                raise unknown(tid, core.name)
-            if info.state in FINISHED:
-                return info
-            raise TimeoutError(
-                f"task {tid!r} of queue {core.name!r} is still {info.state} after {timeout} s"
-            )
+                step = plan.send(reply)
+                if isinstance(step, Look):
+                    reply = run(step.op)
+                elif isinstance(step, Turn):
+                    reply = self._turn(step)
+                else:
+                    with self._lock:
+                        self._subscribe(step.channel)
+                    reply = None
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         finally:
             with self._lock:
-                board.leave(tid)
+                self._board.leave(tid)
 
 
 class AsyncWaits:
@@ -227,14 +319,10 @@ class AsyncWaits:
 
     def __init__(self, client: Any, core_of: Callable[[str], QueueCore]) -> None:
         self._client = client
-        self._board = _Board(core_of)
+        self._board = Board(core_of)
         self._lock = asyncio.Lock()
         self._calls = asyncio.Semaphore(CALLS_AT_ONCE)
         self._pubsub: Any = None
-
-    async def _run(self, run: Callable[[Any], Any], op: Op[TaskInfo | None]) -> TaskInfo | None:
-        async with self._calls:
-            return await run(op)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         async with self._lock:
@@ -249,14 +337,11 @@ class AsyncWaits:
         if self._pubsub is None:
             self._pubsub = self._client.pubsub()
         await self._pubsub.subscribe(channel)
-        end = time.monotonic() + 10
+        end = time.monotonic() + SUBSCRIBE_S
         while time.monotonic() < end:
-            m = await self._pubsub.get_message(timeout=1.0)
-            if m and m.get("type") == "subscribe" and _text(m.get("channel")) == channel:
-                self._board.channels.add(channel)
+            if self._board.confirms(await self._pubsub.get_message(timeout=1.0), channel):
                 return
-            self._board.post(m)
-        raise TimeoutError(f"no confirmation of the subscription to {channel!r}")
+        raise unconfirmed(channel)
 
     async def _read(self, timeout: float) -> None:
         try:
@@ -265,8 +350,22 @@ class AsyncWaits:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
             self._pubsub = None
-            self._board.channels.clear()
-            self._board.lost += 1
+            self._board.drop()
+
+    async def _turn(self, step: Turn) -> tuple[int, TaskInfo | None, int] | None:
+        try:
+            await asyncio.wait_for(self._lock.acquire(), step.timeout)
+        except TimeoutError:
+            return None
+        try:
+            if self._board.quiet(step):
+                if step.channel not in self._board.channels:
+                    await self._subscribe(step.channel)
+                else:
+                    await self._read(step.timeout)
+            return self._board.news(step.tid)
+        finally:
+            self._lock.release()
 
     async def wait(
         self,
@@ -275,56 +374,29 @@ class AsyncWaits:
         wait_for: Duration,
         run: Callable[[Any], Any],
     ) -> TaskInfo:
-        timeout = seconds(wait_for, "timeout")
-        for_ms = wait_ms(timeout)
-        channel = core.keys.finished_channel
-        board = self._board
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        board.enter(tid)
+        plan = wait_plan(self._board, core, tid, wait_for, asyncio.get_running_loop().time)
+        self._board.enter(tid)
         try:
-            async with self._lock:
-                await self._subscribe(channel)
-                lost, seen = board.lost, 0
-            info = await self._run(run, wait_op(core, tid, for_ms))
+            reply: Any = None
             while True:
-                if info is None or info.state == "cancelled":  # (a cancel's tombstone)
-                    raise unknown(tid, core.name)
-                if info.state in FINISHED:
-                    return info
-                left = end - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(self._lock.acquire(), min(left, TURN_S))
-                except TimeoutError:
-                    continue
-                try:
-                    if board.arrived.get(tid, (0, None))[0] == seen and board.lost == lost:
-                        if channel not in board.channels:
-                            await self._subscribe(channel)
-                        else:
-                            await self._read(min(left, TURN_S))
-                    count, message = board.arrived.get(tid, (0, None))
-                    got, seen = count != seen, count
-                    relook = board.lost != lost
-                    lost = board.lost
-                finally:
-                    self._lock.release()
-                if got and message is not None:
-                    info = message
-                elif got or relook:
-                    info = await self._run(run, core.get(tid))
-            info = await self._run(run, core.get(tid))
-            if info is None or info.state == "cancelled":  # (a cancel's tombstone)
-                raise unknown(tid, core.name)
-            if info.state in FINISHED:
-                return info
-            raise TimeoutError(
-                f"task {tid!r} of queue {core.name!r} is still {info.state} after {timeout} s"
-            )
+                step = plan.send(reply)
+                if isinstance(step, Look):
+                    async with self._calls:
+                        reply = await run(step.op)
+                elif isinstance(step, Turn):
+                    reply = await self._turn(step)
+                else:
+                    async with self._lock:
+                        await self._subscribe(step.channel)
+                    reply = None
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         finally:
-            board.leave(tid)
+            self._board.leave(tid)
+
+
+def unconfirmed(channel: str) -> TimeoutError:
+    return TimeoutError(f"no confirmation of the subscription to {channel!r}")
 
 
 def _text(value: Any) -> str:

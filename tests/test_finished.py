@@ -23,6 +23,7 @@ from delayq.admin.inspect import finished
 from delayq.codec import encode_record
 from delayq.embedded import EmbeddedServer
 from delayq.http import create_app
+from delayq.runner import SyncRunner
 from delayq.scripts import SCRIPTS
 from delayq.testing import VirtualClock, drain
 from delayq.waits import CALLS_AT_ONCE
@@ -296,6 +297,63 @@ IN_SCRIPTS = {
     for script in SCRIPTS.values()
     for name in re.findall(r"redis\.call\('(\w+)'", script.source)
 }
+
+
+def kill_subscriber(r: Any) -> tuple[str, ...]:
+    """The command that drops the one connection subscribed to a channel (by its id: a RESP3
+    subscriber is not of CLIENT KILL's TYPE pubsub)."""
+    (cid,) = [c["id"] for c in r.client_list() if int(c.get("sub", 0)) > 0]
+    return ("CLIENT", "KILL", "ID", cid)
+
+
+def test_a_wait_whose_subscription_was_lost_looks_again_at_once(
+    make_server: Callable[..., EmbeddedServer],
+) -> None:
+    """The finish is announced while the waits' subscription is down (the server dropped
+    it, then aborted the task, in one round trip): the wait subscribes again and looks,
+    rather than hear nothing until its timeout's last look."""
+    srv = make_server()
+    queue = Queue("lost", url=srv.url)
+    try:
+        queue.schedule("t", {}, task_id="a", delay=60)
+        outcome: dict[str, Any] = {}
+
+        def waiting() -> None:
+            outcome["a"] = queue.wait("a", timeout=20)
+
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        time.sleep(0.5)  # waiting, subscribed
+        t0 = time.monotonic()
+        kill = kill_subscriber(queue.client)
+        _, aborted = SyncRunner(queue.client).run_after(kill, queue.core.abort("a"))
+        assert aborted  # (CLIENT KILL ID replies 0 in a pipeline, but the connection goes)
+        thread.join(20)
+        assert outcome["a"].state == "aborted"
+        assert time.monotonic() - t0 < 5, "heard only at the timeout's last look"
+    finally:
+        queue.close()
+
+
+async def test_an_async_wait_whose_subscription_was_lost_looks_again_at_once(
+    make_server: Callable[..., EmbeddedServer],
+) -> None:
+    srv = make_server()
+    aq, sync = AsyncQueue("lost", url=srv.url), Queue("lost", url=srv.url)
+    try:
+        sync.schedule("t", {}, task_id="a", delay=60)
+        waiting = asyncio.ensure_future(aq.wait("a", timeout=20))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        kill = kill_subscriber(sync.client)
+        _, aborted = SyncRunner(sync.client).run_after(kill, sync.core.abort("a"))
+        assert aborted  # (CLIENT KILL ID replies 0 in a pipeline, but the connection goes)
+        info = await asyncio.wait_for(waiting, 20)
+        assert info.state == "aborted"
+        assert time.monotonic() - t0 < 5, "heard only at the timeout's last look"
+    finally:
+        await aq.close()
+        sync.close()
 
 
 # What a new connection sends once (redis-py's handshake), and a subscription's start.
