@@ -35,6 +35,7 @@ import lateness
 import memory
 import node_producer
 import otel
+import own_setup
 import peers_rate
 import processes
 import scaling
@@ -63,6 +64,7 @@ BENCHMARKS = {
         durable,
         testing_speed,
         otel,
+        own_setup,
         http_api,
         processes,
         soak,
