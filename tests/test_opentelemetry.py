@@ -354,3 +354,32 @@ def test_a_sampled_attempt_and_a_root_attempt_have_every_attribute(
             "delayq.outcome": "done",
         }
         assert span.kind is SpanKind.CONSUMER
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        f"00-{'0' * 32}-b7ad6b7169203331-00",  # an invalid trace id
+        f"00-0af7651916cd43dd8448eb211c80319c-{'0' * 16}-00",  # an invalid span id
+        "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-00",  # upper case
+    ],
+)
+def test_a_traceparent_the_propagator_ignores_leaves_the_attempt_a_root(
+    traced: Traced, vqueue: Queue, traceparent: str
+) -> None:
+    """The fast path reads only what the propagator reads as a parent: with any other
+    traceparent the attempt is a root, the sampler's to decide (here: recorded)."""
+    worker = Worker(vqueue)
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        return None
+
+    uninstrument()
+    try:
+        vqueue.schedule("k", task_id="x", headers={"traceparent": traceparent})
+    finally:
+        instrument(tracer_provider=traced.provider)
+    drain(worker, until=timedelta(seconds=1))
+    (span,) = traced.spans(f"process {vqueue.name}")
+    assert span.parent is None and (span.attributes or {})["messaging.message.id"] == "x"

@@ -170,7 +170,8 @@ def _inject(spec: TaskSpec) -> TaskSpec:
 
 # A W3C traceparent as the fast path reads it (version 00, nothing after the flags); any other
 # goes through the configured propagator, which says what it means.
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})").fullmatch
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}").fullmatch
+_NO_TRACE, _NO_SPAN = "0" * 32, "0" * 16  # (all zeros: invalid, the propagator ignores it)
 # The headers the W3C propagators (OpenTelemetry's default) read: the fast path is taken only
 # while the configured propagator reads no others, so that it finds what the propagator would.
 _W3C_FIELDS = frozenset(("traceparent", "tracestate", "baggage"))
@@ -178,30 +179,23 @@ _w3c: list[Any] = [None, False]  # the propagator last checked, and whether it r
 _EMPTY = otel_context.Context()  # what propagate.extract starts from
 
 
-def _w3c_only() -> bool:
-    textmap = propagate.get_global_textmap()
-    if textmap is not _w3c[0]:
-        _w3c[:] = textmap, textmap.fields <= _W3C_FIELDS
-    return bool(_w3c[1])
-
-
 class _Remote(trace.NonRecordingSpan):
-    """The remote parent a ``traceparent`` names, its SpanContext made only when asked for
-    (by a span started under it, or an injection into what the handler schedules): most
+    """The remote parent a valid ``traceparent`` names, its SpanContext made only when asked
+    for (by a span started under it, or an injection into what the handler schedules): most
     unsampled attempts never ask, and making it is half of reading the header."""
 
     # (NonRecordingSpan's own attribute is not used: both its readers are overridden here.)
-    def __init__(self, match: re.Match[str]) -> None:
-        self._match = match
+    def __init__(self, traceparent: str) -> None:
+        self._traceparent = traceparent
         self._remote: trace.SpanContext | None = None
 
     def get_span_context(self) -> trace.SpanContext:
         remote = self._remote
         if remote is None:
-            match = self._match
-            remote = self._remote = trace.SpanContext(
-                int(match[1], 16), int(match[2], 16), True, trace.TraceFlags(int(match[3], 16))
-            )
+            tp = self._traceparent
+            flags = trace.TraceFlags(int(tp[53:], 16))
+            remote = trace.SpanContext(int(tp[3:35], 16), int(tp[36:52], 16), True, flags)
+            self._remote = remote
         return remote
 
     def __repr__(self) -> str:
@@ -218,19 +212,19 @@ def _extract(headers: dict[str, str]) -> tuple[otel_context.Context, bool | None
     if (
         tp is not None
         and (len(headers) == 1 or ("tracestate" not in headers and "baggage" not in headers))
-        and (match := _TRACEPARENT(tp)) is not None
-        and match[1] != _NO_TRACE  # (all zeros: invalid, the propagator ignores it)
-        and match[2] != _NO_SPAN
-        and _w3c_only()
+        and _TRACEPARENT(tp) is not None
+        and not tp.startswith(_NO_TRACE, 3)
+        and not tp.startswith(_NO_SPAN, 36)
     ):
-        sampled = match[3][1] in _ODD
-        return trace.set_span_in_context(_Remote(match), _EMPTY), sampled
+        textmap = propagate.get_global_textmap()
+        if textmap is not _w3c[0]:
+            _w3c[:] = textmap, textmap.fields <= _W3C_FIELDS
+        if _w3c[1]:
+            sampled = tp[54] in "13579bdf"  # the flags' low bit
+            return trace.set_span_in_context(_Remote(tp), _EMPTY), sampled
     parent = propagate.extract(headers)
     sc = trace.get_current_span(parent).get_span_context()
     return parent, (sc.trace_flags.sampled if sc.is_valid else None)
-
-
-_NO_TRACE, _NO_SPAN, _ODD = "0" * 32, "0" * 16, frozenset("13579bdf")
 
 
 def _process(tracer: trace.Tracer) -> hooks.Middleware:
