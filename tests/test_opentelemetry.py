@@ -383,3 +383,34 @@ def test_a_traceparent_the_propagator_ignores_leaves_the_attempt_a_root(
     drain(worker, until=timedelta(seconds=1))
     (span,) = traced.spans(f"process {vqueue.name}")
     assert span.parent is None and (span.attributes or {})["messaging.message.id"] == "x"
+
+
+def test_a_propagator_that_does_not_read_traceparent_is_followed(
+    traced: Traced, vqueue: Queue
+) -> None:
+    """Found by review: the fast path checked only that the propagator reads no header
+    beyond the W3C ones, so a baggage-only propagator's worker read traceparent anyway."""
+    from opentelemetry import propagate
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+    worker = Worker(vqueue)
+
+    @worker.handler("k")
+    def k(task: Task) -> None:
+        return None
+
+    tp = f"00-{UNSAMPLED.trace_id:032x}-{UNSAMPLED.span_id:016x}-00"
+    uninstrument()
+    try:
+        vqueue.schedule("k", task_id="x", headers={"traceparent": tp})
+    finally:
+        instrument(tracer_provider=traced.provider)
+    configured = propagate.get_global_textmap()
+    propagate.set_global_textmap(W3CBaggagePropagator())
+    try:
+        drain(worker, until=timedelta(seconds=1))
+    finally:
+        propagate.set_global_textmap(configured)
+    (span,) = traced.spans(f"process {vqueue.name}")  # not a parent to it: a root
+    assert span.parent is None and span.context is not None
+    assert span.context.trace_id != UNSAMPLED.trace_id

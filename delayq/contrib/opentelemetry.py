@@ -173,9 +173,10 @@ def _inject(spec: TaskSpec) -> TaskSpec:
 _TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}").fullmatch
 _NO_TRACE, _NO_SPAN = "0" * 32, "0" * 16  # (all zeros: invalid, the propagator ignores it)
 # The headers the W3C propagators (OpenTelemetry's default) read: the fast path is taken only
-# while the configured propagator reads no others, so that it finds what the propagator would.
+# while the configured propagator reads traceparent and no others, so that it finds what the
+# propagator would.
 _W3C_FIELDS = frozenset(("traceparent", "tracestate", "baggage"))
-_w3c: list[Any] = [None, False]  # the propagator last checked, and whether it reads only those
+_w3c: list[Any] = [None, False]  # the propagator last checked, and whether it is such a one
 _EMPTY = otel_context.Context()  # what propagate.extract starts from
 
 
@@ -218,7 +219,8 @@ def _extract(headers: dict[str, str]) -> tuple[otel_context.Context, bool | None
     ):
         textmap = propagate.get_global_textmap()
         if textmap is not _w3c[0]:
-            _w3c[:] = textmap, textmap.fields <= _W3C_FIELDS
+            fields = textmap.fields
+            _w3c[:] = textmap, "traceparent" in fields and fields <= _W3C_FIELDS
         if _w3c[1]:
             sampled = tp[54] in "13579bdf"  # the flags' low bit
             return trace.set_span_in_context(_Remote(tp), _EMPTY), sampled
